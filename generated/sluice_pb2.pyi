@@ -1,0 +1,271 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
+    FINISH_REASON_STOP: _ClassVar[FinishReason]
+    FINISH_REASON_LENGTH: _ClassVar[FinishReason]
+    FINISH_REASON_CANCELLED: _ClassVar[FinishReason]
+    FINISH_REASON_ERROR: _ClassVar[FinishReason]
+FINISH_REASON_UNSPECIFIED: FinishReason
+FINISH_REASON_STOP: FinishReason
+FINISH_REASON_LENGTH: FinishReason
+FINISH_REASON_CANCELLED: FinishReason
+FINISH_REASON_ERROR: FinishReason
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("start", "cancel")
+    START_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    start: StartGeneration
+    cancel: CancelGeneration
+    def __init__(self, start: _Optional[_Union[StartGeneration, _Mapping]] = ..., cancel: _Optional[_Union[CancelGeneration, _Mapping]] = ...) -> None: ...
+
+class StartGeneration(_message.Message):
+    __slots__ = ("request_id", "model", "chat", "prompt", "sampling", "timeout_ms", "multiplexed", "stamp_times")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    CHAT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    MULTIPLEXED_FIELD_NUMBER: _ClassVar[int]
+    STAMP_TIMES_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    model: str
+    chat: ChatInput
+    prompt: str
+    sampling: SamplingParams
+    timeout_ms: int
+    multiplexed: bool
+    stamp_times: bool
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., chat: _Optional[_Union[ChatInput, _Mapping]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., timeout_ms: _Optional[int] = ..., multiplexed: _Optional[bool] = ..., stamp_times: _Optional[bool] = ...) -> None: ...
+
+class ChatInput(_message.Message):
+    __slots__ = ("messages", "add_generation_prompt")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    ADD_GENERATION_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
+    add_generation_prompt: bool
+    def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., add_generation_prompt: _Optional[bool] = ...) -> None: ...
+
+class ChatMessage(_message.Message):
+    __slots__ = ("role", "content")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    content: str
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
+
+class SamplingParams(_message.Message):
+    __slots__ = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "presence_penalty", "frequency_penalty", "n", "logprobs", "ignore_eos", "min_tokens", "repetition_penalty")
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
+    MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REPETITION_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    presence_penalty: float
+    frequency_penalty: float
+    n: int
+    logprobs: int
+    ignore_eos: bool
+    min_tokens: int
+    repetition_penalty: float
+    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., n: _Optional[int] = ..., logprobs: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., min_tokens: _Optional[int] = ..., repetition_penalty: _Optional[float] = ...) -> None: ...
+
+class CancelGeneration(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+
+class GenerateResponse(_message.Message):
+    __slots__ = ("request_id", "index", "chunk", "final", "worker_time_ns")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
+    WORKER_TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    index: int
+    chunk: TokenChunk
+    final: Final
+    worker_time_ns: int
+    def __init__(self, request_id: _Optional[str] = ..., index: _Optional[int] = ..., chunk: _Optional[_Union[TokenChunk, _Mapping]] = ..., final: _Optional[_Union[Final, _Mapping]] = ..., worker_time_ns: _Optional[int] = ...) -> None: ...
+
+class TokenChunk(_message.Message):
+    __slots__ = ("text", "token_ids", "logprobs")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
+
+class TokenLogprob(_message.Message):
+    __slots__ = ("token_id", "logprob", "top")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    TOP_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    logprob: float
+    top: _containers.RepeatedCompositeFieldContainer[TopLogprob]
+    def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ..., top: _Optional[_Iterable[_Union[TopLogprob, _Mapping]]] = ...) -> None: ...
+
+class TopLogprob(_message.Message):
+    __slots__ = ("token_id", "text", "logprob")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    text: str
+    logprob: float
+    def __init__(self, token_id: _Optional[int] = ..., text: _Optional[str] = ..., logprob: _Optional[float] = ...) -> None: ...
+
+class Final(_message.Message):
+    __slots__ = ("reason", "usage", "timing", "error", "stop_sequence")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    TIMING_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    STOP_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    reason: FinishReason
+    usage: Usage
+    timing: Timing
+    error: Status
+    stop_sequence: str
+    def __init__(self, reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., error: _Optional[_Union[Status, _Mapping]] = ..., stop_sequence: _Optional[str] = ...) -> None: ...
+
+class Usage(_message.Message):
+    __slots__ = ("prompt_tokens", "completion_tokens", "cached_prompt_tokens")
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    prompt_tokens: int
+    completion_tokens: int
+    cached_prompt_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ...) -> None: ...
+
+class Timing(_message.Message):
+    __slots__ = ("queue_us", "time_to_first_token_us", "total_us")
+    QUEUE_US_FIELD_NUMBER: _ClassVar[int]
+    TIME_TO_FIRST_TOKEN_US_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_US_FIELD_NUMBER: _ClassVar[int]
+    queue_us: int
+    time_to_first_token_us: int
+    total_us: int
+    def __init__(self, queue_us: _Optional[int] = ..., time_to_first_token_us: _Optional[int] = ..., total_us: _Optional[int] = ...) -> None: ...
+
+class Status(_message.Message):
+    __slots__ = ("code", "message", "field", "retry_after_ms")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    FIELD_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    field: str
+    retry_after_ms: int
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., field: _Optional[str] = ..., retry_after_ms: _Optional[int] = ...) -> None: ...
+
+class ResumeRequest(_message.Message):
+    __slots__ = ("request_id", "from_index")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_INDEX_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    from_index: int
+    def __init__(self, request_id: _Optional[str] = ..., from_index: _Optional[int] = ...) -> None: ...
+
+class ListModelsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListModelsResponse(_message.Message):
+    __slots__ = ("models",)
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[ModelInfo]
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ...) -> None: ...
+
+class ModelInfo(_message.Message):
+    __slots__ = ("id", "max_model_len", "engine", "version", "default_max_tokens")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    max_model_len: int
+    engine: str
+    version: str
+    default_max_tokens: int
+    def __init__(self, id: _Optional[str] = ..., max_model_len: _Optional[int] = ..., engine: _Optional[str] = ..., version: _Optional[str] = ..., default_max_tokens: _Optional[int] = ...) -> None: ...
+
+class TokenizeRequest(_message.Message):
+    __slots__ = ("model", "chat", "prompt")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    CHAT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    chat: ChatInput
+    prompt: str
+    def __init__(self, model: _Optional[str] = ..., chat: _Optional[_Union[ChatInput, _Mapping]] = ..., prompt: _Optional[str] = ...) -> None: ...
+
+class TokenizeResponse(_message.Message):
+    __slots__ = ("token_ids", "count", "max_model_len")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    count: int
+    max_model_len: int
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., count: _Optional[int] = ..., max_model_len: _Optional[int] = ...) -> None: ...
+
+class GetStatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WorkerStats(_message.Message):
+    __slots__ = ("running", "waiting", "max_running", "kv_cache_usage", "draining", "finished_total", "rejected_total", "spec_draft_tokens", "spec_accepted_tokens", "drain_rate")
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    MAX_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    SPEC_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_RATE_FIELD_NUMBER: _ClassVar[int]
+    running: int
+    waiting: int
+    max_running: int
+    kv_cache_usage: float
+    draining: bool
+    finished_total: int
+    rejected_total: int
+    spec_draft_tokens: int
+    spec_accepted_tokens: int
+    drain_rate: float
+    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., max_running: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., draining: _Optional[bool] = ..., finished_total: _Optional[int] = ..., rejected_total: _Optional[int] = ..., spec_draft_tokens: _Optional[int] = ..., spec_accepted_tokens: _Optional[int] = ..., drain_rate: _Optional[float] = ...) -> None: ...

@@ -1,0 +1,178 @@
+"""Worker configuration: one dataclass per concern, filled from the CLI."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class SimOptions:
+    """The simulated engine: a continuous-batching LLM stand-in for tests and benchmarks."""
+
+    ttft_s: float = 0.02  # prefill time before the first token
+    token_delay_s: float = 0.005  # decode time per token (0 = as fast as possible)
+    startup_s: float = 0.0  # simulated weight-loading time (worker NOT_SERVING meanwhile)
+    answer_tokens: int = 48  # natural answer length before end-of-sequence
+    kv_cache_tokens: int = 262_144  # KV budget in tokens
+
+
+@dataclass(slots=True)
+class VllmOptions:
+    """vLLM engine settings, passed through to AsyncEngineArgs."""
+
+    gpu_memory_utilization: float = 0.3
+    kv_cache_space_gb: float | None = None  # CPU backend: KV cache size (VLLM_CPU_KVCACHE_SPACE)
+    enable_prefix_caching: bool = True
+    speculative_config: str | None = None  # JSON, e.g. {"method": "ngram", ...}
+    dtype: str = "auto"
+    enforce_eager: bool = False
+    extra_args: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    """Which engine, which model, and the limits every engine shares."""
+
+    engine: str = "sim"
+    model: str = ""  # model directory (vllm) or label (sim)
+    served_model_name: str = ""  # name clients use; default: basename of `model`
+    version: str = ""  # deployment version label (canary routing)
+    max_model_len: int = 2048
+    max_num_seqs: int = 32  # batch slots
+    default_max_tokens: int = 512
+    sim: SimOptions = field(default_factory=SimOptions)
+    vllm: VllmOptions = field(default_factory=VllmOptions)
+
+    @property
+    def model_name(self) -> str:
+        if self.served_model_name:
+            return self.served_model_name
+        if self.model:
+            return os.path.basename(os.path.normpath(self.model))
+        return f"{self.engine}-model"
+
+
+@dataclass(slots=True)
+class Limits:
+    """Request limits enforced before the engine sees anything."""
+
+    max_prompt_bytes: int = 1_048_576
+    max_messages: int = 1024
+    max_stop_strings: int = 16
+    max_stop_length: int = 256
+    max_request_id_bytes: int = 128
+    max_generations_per_stream: int = 256
+
+
+@dataclass(slots=True)
+class AdmissionConfig:
+    """Overload protection: refuse fast rather than queue without bound."""
+
+    max_waiting: int = 64  # generations admitted beyond the batch slots
+    kv_high_watermark: float = 0.98  # refuse while KV use is above this and others wait
+
+
+@dataclass(slots=True)
+class ServerConfig:
+    """gRPC server settings."""
+
+    host: str = "127.0.0.1"
+    port: int = 50051
+    drain_grace_s: float = 30.0
+    max_message_bytes: int = 8 * 1024 * 1024
+    max_concurrent_streams: int = 1024
+    keepalive_time_s: float = 30.0
+    keepalive_timeout_s: float = 10.0
+
+    def grpc_options(self) -> list[tuple[str, int]]:
+        return [
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+            ("grpc.max_send_message_length", self.max_message_bytes),
+            ("grpc.max_concurrent_streams", self.max_concurrent_streams),
+            ("grpc.keepalive_time_ms", int(self.keepalive_time_s * 1000)),
+            ("grpc.keepalive_timeout_ms", int(self.keepalive_timeout_s * 1000)),
+            # Clients (edges) ping idle channels; allow it without a call in flight.
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+            ("grpc.http2.max_pings_without_data", 0),
+            ("grpc.so_reuseport", 0),
+        ]
+
+
+@dataclass(slots=True)
+class WorkerConfig:
+    """Everything the worker needs."""
+
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    limits: Limits = field(default_factory=Limits)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    log_level: str = "info"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="model_service", description="Sluice model worker (gRPC).")
+    d = WorkerConfig()
+    p.add_argument("--engine", default=d.engine.engine, help="engine: sim or vllm")
+    p.add_argument("--model", default=d.engine.model, help="model directory (vllm)")
+    p.add_argument("--served-model-name", default="", help="model name clients use")
+    p.add_argument("--model-version", default="", help="version label for routing")
+    p.add_argument("--host", default=d.server.host)
+    p.add_argument("--port", type=int, default=d.server.port, help="0 picks a free port")
+    p.add_argument("--port-file", default="", help="write the bound port here once serving")
+    p.add_argument("--drain-grace", type=float, default=d.server.drain_grace_s, help="seconds")
+    p.add_argument("--max-model-len", type=int, default=d.engine.max_model_len)
+    p.add_argument("--max-num-seqs", type=int, default=d.engine.max_num_seqs, help="batch slots")
+    p.add_argument("--max-waiting", type=int, default=d.admission.max_waiting)
+    p.add_argument("--default-max-tokens", type=int, default=d.engine.default_max_tokens)
+    p.add_argument("--max-prompt-bytes", type=int, default=d.limits.max_prompt_bytes)
+    p.add_argument("--sim-ttft", type=float, default=d.engine.sim.ttft_s, help="seconds")
+    p.add_argument("--sim-token-delay", type=float, default=d.engine.sim.token_delay_s)
+    p.add_argument("--sim-startup", type=float, default=d.engine.sim.startup_s)
+    p.add_argument("--sim-answer-tokens", type=int, default=d.engine.sim.answer_tokens)
+    p.add_argument("--sim-kv-tokens", type=int, default=d.engine.sim.kv_cache_tokens)
+    p.add_argument("--gpu-memory-utilization", type=float, default=d.engine.vllm.gpu_memory_utilization)
+    p.add_argument("--kv-cache-space-gb", type=float, default=None)
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--speculative-config", default=None, help="JSON for vLLM speculative decoding")
+    p.add_argument("--dtype", default=d.engine.vllm.dtype)
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--log-level", default=d.log_level)
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> WorkerConfig:
+    """Turn parsed CLI arguments into a WorkerConfig."""
+    engine = EngineConfig(
+        engine=args.engine,
+        model=args.model,
+        served_model_name=args.served_model_name,
+        version=args.model_version,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        default_max_tokens=args.default_max_tokens,
+        sim=SimOptions(
+            ttft_s=args.sim_ttft,
+            token_delay_s=args.sim_token_delay,
+            startup_s=args.sim_startup,
+            answer_tokens=args.sim_answer_tokens,
+            kv_cache_tokens=args.sim_kv_tokens,
+        ),
+        vllm=VllmOptions(
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            kv_cache_space_gb=args.kv_cache_space_gb,
+            enable_prefix_caching=not args.no_prefix_caching,
+            speculative_config=args.speculative_config,
+            dtype=args.dtype,
+            enforce_eager=args.enforce_eager,
+        ),
+    )
+    return WorkerConfig(
+        engine=engine,
+        server=ServerConfig(host=args.host, port=args.port, drain_grace_s=args.drain_grace),
+        limits=Limits(max_prompt_bytes=args.max_prompt_bytes),
+        admission=AdmissionConfig(max_waiting=args.max_waiting),
+        log_level=args.log_level,
+    )

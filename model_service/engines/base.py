@@ -1,0 +1,60 @@
+"""The engine interface: what the servicer needs from an inference engine.
+
+Implementations (`sim`, `vllm`) are picked by name in config, as uvicorn picks its HTTP
+implementation, and never see protobuf.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator
+
+from model_service.config import EngineConfig
+from model_service.types import EngineOutput, EngineStats, GenerationRequest, ModelInfo
+
+
+class Engine(abc.ABC):
+    """An inference engine serving one model.
+
+    Lifecycle: `start()` (may take long: loads weights), then any number of concurrent
+    `generate()` calls, then `stop()`. `generate()` yields deltas; its last output has
+    `finish_reason` set. Closing the generator early (consumer cancelled) must abort the
+    request and free its resources, as must `abort(request_id)`.
+    """
+
+    name: str = ""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Load the model and get ready to serve; raise with a clear message if impossible."""
+
+    @abc.abstractmethod
+    async def stop(self) -> None:
+        """Abort what is left and release the engine."""
+
+    @property
+    @abc.abstractmethod
+    def model_info(self) -> ModelInfo:
+        """The served model; valid after `start()`."""
+
+    @abc.abstractmethod
+    async def tokenize(self, request: GenerationRequest) -> list[int]:
+        """Token ids of the request's input, chat template applied for chat input."""
+
+    @abc.abstractmethod
+    def generate(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
+        """Run one generation. `request.prompt_token_ids` is already set by the caller.
+
+        Raises `errors.InvalidArgument` for parameters the engine refuses.
+        """
+
+    @abc.abstractmethod
+    async def abort(self, request_id: str) -> None:
+        """Abort a running or waiting request; a no-op if it is unknown or finished."""
+
+    @abc.abstractmethod
+    def stats(self) -> EngineStats:
+        """Current load, taken from the engine itself."""

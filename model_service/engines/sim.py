@@ -1,0 +1,251 @@
+"""The simulated engine: a stand-in for a continuous-batching LLM engine.
+
+It is a real engine implementation for tests and overhead benchmarks, not a mock of the
+worker: a fixed number of batch slots, a FIFO waiting queue, a KV-token budget reserved at
+scheduling (prompt + max_tokens), configurable time to first token and per-token delay,
+deterministic output for a given prompt and seed, immediate slot release on abort.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+import re
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from model_service.engines.base import Engine
+from model_service.types import (
+    EngineOutput,
+    EngineStats,
+    FinishReason,
+    GenerationRequest,
+    ModelInfo,
+)
+
+# A small vocabulary; token id = index. Text of a token is " " + word (one leading space).
+VOCAB: tuple[str, ...] = tuple(
+    "the a of to and in is it that was for on are as with his they at be this from "
+    "have or by one had not but what all were when we there can an your which their said "
+    "if do will each about how up out them then she many some so these would other into "
+    "has more her two like him see time could no make than first been its who now people "
+    "my made over did down only way find use may water long little very after words called "
+    "just where most know river stream token model answer Paris light field number sound".split()
+)
+EOS_TOKEN_ID = len(VOCAB)
+_WORD_RE = re.compile(r"\w+|[^\w\s]")
+
+
+def sim_tokenize(text: str) -> list[int]:
+    """A stable word-level tokenizer: each word or punctuation mark is one token."""
+    return [int.from_bytes(hashlib.blake2b(w.encode(), digest_size=2).digest()) for w in _WORD_RE.findall(text)]
+
+
+def chat_template(messages: tuple[tuple[str, str], ...], add_generation_prompt: bool) -> str:
+    """The sim's chat template: `<|role|> content` lines, then `<|assistant|>`."""
+    lines = [f"<|{role}|> {content}" for role, content in messages]
+    if add_generation_prompt:
+        lines.append("<|assistant|>")
+    return "\n".join(lines)
+
+
+@dataclass(eq=False)
+class _SimRequest:
+    request_id: str
+    need_kv: int
+    scheduled: asyncio.Event = field(default_factory=asyncio.Event)
+    aborted: bool = False
+    running: bool = False
+    scheduled_at: float | None = None
+
+
+class SimEngine(Engine):
+    """Simulated continuous-batching engine (see module docstring)."""
+
+    name = "sim"
+
+    def __init__(self, config) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(config)
+        self._opts = config.sim
+        self._waiting: deque[_SimRequest] = deque()
+        self._requests: dict[str, _SimRequest] = {}
+        self._running = 0
+        self._kv_used = 0
+        self._started = False
+        self._info = ModelInfo(
+            id=config.model_name,
+            max_model_len=config.max_model_len,
+            engine=self.name,
+            version=config.version,
+            default_max_tokens=config.default_max_tokens,
+        )
+
+    async def start(self) -> None:
+        if self._opts.startup_s > 0:
+            await asyncio.sleep(self._opts.startup_s)
+        self._started = True
+
+    async def stop(self) -> None:
+        for req in list(self._requests.values()):
+            await self.abort(req.request_id)
+        self._started = False
+
+    @property
+    def model_info(self) -> ModelInfo:
+        return self._info
+
+    async def tokenize(self, request: GenerationRequest) -> list[int]:
+        return sim_tokenize(self._prompt_text(request))
+
+    @staticmethod
+    def _prompt_text(request: GenerationRequest) -> str:
+        if request.messages is not None:
+            pairs = tuple((m.role, m.content) for m in request.messages)
+            return chat_template(pairs, request.add_generation_prompt)
+        return request.prompt or ""
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            running=self._running,
+            waiting=len(self._waiting),
+            max_running=self.config.max_num_seqs,
+            kv_cache_usage=self._kv_used / self._opts.kv_cache_tokens,
+        )
+
+    async def abort(self, request_id: str) -> None:
+        req = self._requests.get(request_id)
+        if req is not None and not req.aborted:
+            req.aborted = True
+            self._release(req)
+            req.scheduled.set()  # wake a waiter so its generator ends
+
+    def _release(self, req: _SimRequest) -> None:
+        if self._requests.pop(req.request_id, None) is None:
+            return
+        if req.running:
+            req.running = False
+            self._running -= 1
+            self._kv_used -= req.need_kv
+        else:
+            try:
+                self._waiting.remove(req)
+            except ValueError:
+                pass
+        self._schedule()
+
+    def _schedule(self) -> None:
+        """Move waiting requests into free slots, FIFO, while the KV budget allows."""
+        while self._waiting and self._running < self.config.max_num_seqs:
+            head = self._waiting[0]
+            if self._kv_used + head.need_kv > self._opts.kv_cache_tokens and self._running:
+                break
+            self._waiting.popleft()
+            head.running = True
+            head.scheduled_at = time.monotonic()
+            self._running += 1
+            self._kv_used += head.need_kv
+            head.scheduled.set()
+
+    def _rng(self, request: GenerationRequest, prompt_ids: list[int]) -> random.Random:
+        sp = request.sampling
+        if sp.temperature == 0:
+            key = repr(prompt_ids)
+        elif sp.seed is not None:
+            key = f"{prompt_ids!r}/{sp.seed}/{sp.temperature}/{sp.top_p}/{sp.top_k}"
+        else:
+            return random.Random()
+        return random.Random(hashlib.sha256(key.encode()).digest())
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
+        if not self._started:
+            raise RuntimeError("engine not started")
+        prompt_ids = request.prompt_token_ids
+        if prompt_ids is None:
+            prompt_ids = await self.tokenize(request)
+        sp = request.sampling
+        max_tokens = sp.max_tokens or self.config.default_max_tokens
+        req = _SimRequest(request.request_id, need_kv=len(prompt_ids) + max_tokens)
+        if request.request_id in self._requests:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        self._requests[request.request_id] = req
+        self._waiting.append(req)
+        self._schedule()
+        try:
+            await req.scheduled.wait()
+            if req.aborted:
+                return
+            async for out in self._decode(req, request, prompt_ids, max_tokens):
+                yield out
+                if req.aborted:
+                    return
+        finally:
+            self._release(req)
+
+    async def _decode(
+        self, req: _SimRequest, request: GenerationRequest, prompt_ids: list[int], max_tokens: int
+    ) -> AsyncIterator[EngineOutput]:
+        sp = request.sampling
+        rng = self._rng(request, prompt_ids)
+        answer_len = max(1, self._opts.answer_tokens + rng.randint(-4, 4))
+        # Hold back text that could be the start of a stop string, as real engines do.
+        holdback = max((len(s) for s in sp.stop), default=1) - 1
+        text, emitted = "", 0
+        await asyncio.sleep(self._opts.ttft_s)
+        n = 0
+        while True:
+            if req.aborted:
+                return
+            n += 1
+            if n > 1 and self._opts.token_delay_s > 0:
+                await asyncio.sleep(self._opts.token_delay_s)
+            elif n % 16 == 0:
+                await asyncio.sleep(0)  # zero delay: still let other streams run
+            if n > answer_len and not sp.ignore_eos and n > sp.min_tokens:
+                yield self._out(text[emitted:], [], len(prompt_ids), n - 1, FinishReason.STOP, req)
+                return
+            tid = rng.randrange(len(VOCAB))
+            text += " " + VOCAB[tid]
+            hit = _find_stop(text, sp.stop, emitted) if n > sp.min_tokens else None
+            if hit is not None:
+                pos, stop = hit
+                yield self._out(text[emitted:pos], [tid], len(prompt_ids), n, FinishReason.STOP, req, stop)
+                return
+            finish = FinishReason.LENGTH if n >= max_tokens else None
+            upto = len(text) if finish else max(emitted, len(text) - holdback)
+            yield self._out(text[emitted:upto], [tid], len(prompt_ids), n, finish, req)
+            emitted = upto
+            if finish:
+                return
+
+    @staticmethod
+    def _out(
+        text: str,
+        ids: list[int],
+        prompt_tokens: int,
+        completion_tokens: int,
+        finish: FinishReason | None,
+        req: _SimRequest,
+        stop: str = "",
+    ) -> EngineOutput:
+        return EngineOutput(
+            text=text,
+            token_ids=ids,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            finish_reason=finish,
+            stop_sequence=stop,
+            scheduled_at=req.scheduled_at,
+        )
+
+
+def _find_stop(text: str, stops: tuple[str, ...], emitted: int) -> tuple[int, str] | None:
+    """Earliest stop string in the not-yet-emitted tail of `text`: (position, string)."""
+    best: tuple[int, str] | None = None
+    for s in stops:
+        pos = text.find(s, max(0, emitted - len(s) + 1))
+        if pos >= 0 and (best is None or pos < best[0]):
+            best = (pos, s)
+    return best

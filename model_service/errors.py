@@ -1,0 +1,70 @@
+"""Domain exceptions, each bound to one gRPC status code.
+
+Raised by validation, admission and engines; translated to a gRPC status in one place
+(`model_service.status`). The caller's mistakes never become INTERNAL.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+
+class SluiceError(Exception):
+    """Base class: a failure with a gRPC status code and a message safe for clients."""
+
+    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+    retryable: bool = False
+
+    def __init__(self, message: str, *, field: str = "", retry_after_s: float = 0.0) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.retry_after_s = retry_after_s
+
+
+class InvalidArgument(SluiceError):
+    """The request is malformed; `field` names the offending field."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}" if field else message, field=field)
+
+
+class NotFound(SluiceError):
+    """Unknown model or generation."""
+
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class Overloaded(SluiceError):
+    """Queue or KV budget is full; retry after `retry_after_s`."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    retryable = True
+
+
+class Unavailable(SluiceError):
+    """The worker is starting, draining or its engine died."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+    retryable = True
+
+
+class DeadlineExceeded(SluiceError):
+    """The generation ran past its deadline."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+    retryable = False
+
+
+class FailedPrecondition(SluiceError):
+    """The request is valid but not in this state of the stream (e.g. duplicate id)."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class EngineError(SluiceError):
+    """The engine failed on its own: a worker-side fault."""
+
+    code = grpc.StatusCode.INTERNAL

@@ -1,0 +1,120 @@
+"""Worker bootstrap: wires engine, servicer, health and reflection; shuts down in order.
+
+Shutdown order (SIGTERM or SIGINT):
+1. mark NOT_SERVING (Watch streams tell routers at once) and refuse new generations
+   with UNAVAILABLE;
+2. let in-flight generations finish within the drain grace period;
+3. end the rest with UNAVAILABLE;
+4. stop the gRPC server (short grace for the last messages to flush);
+5. stop the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from generated import sluice_pb2 as pb
+from generated import sluice_pb2_grpc as pb_grpc
+from model_service.config import WorkerConfig
+from model_service.engines import load_engine
+from model_service.errors import Unavailable
+from model_service.generation import WorkerCore
+from model_service.servicer import GenerationServicer
+
+log = logging.getLogger("sluice.worker")
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Generation"].full_name
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+FINAL_FLUSH_S = 1.0
+
+
+class Worker:
+    """A worker process: one engine behind one gRPC server."""
+
+    def __init__(self, config: WorkerConfig) -> None:
+        self.config = config
+        self.engine = load_engine(config.engine)
+        self.core = WorkerCore(self.engine, config)
+        self.server = grpc.aio.server(options=config.server.grpc_options())
+        self.health = health.aio.HealthServicer()
+        self.port = 0
+        self._stop = asyncio.Event()
+        pb_grpc.add_GenerationServicer_to_server(GenerationServicer(self.core), self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
+        )
+
+    async def _set_health(self, status: int) -> None:
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, status)
+
+    async def start(self) -> None:
+        """Listen at once (NOT_SERVING), then load the engine and turn SERVING."""
+        cfg = self.config.server
+        self.port = self.server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+        await self._set_health(NOT_SERVING)
+        await self.server.start()
+        log.info("listening on %s:%d (NOT_SERVING until the engine is ready)", cfg.host, self.port)
+
+    async def load_engine(self) -> None:
+        await self.engine.start()
+        self.core.ready = True
+        await self._set_health(SERVING)
+        info = self.engine.model_info
+        log.info("engine %s ready: model %s, SERVING on port %d", info.engine, info.id, self.port)
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def wait_stop(self) -> None:
+        await self._stop.wait()
+
+    async def shutdown(self) -> None:
+        """The written order (module docstring)."""
+        self.core.draining = True
+        await self._set_health(NOT_SERVING)
+        grace = self.config.server.drain_grace_s
+        live = len(self.core.live)
+        log.info("draining: %d generations in flight, grace %.1fs", live, grace)
+        if not await self.core.wait_idle(grace):
+            log.warning("drain grace over: ending %d generations", len(self.core.live))
+            self.core.abort_all(Unavailable("worker shut down before the generation finished", retry_after_s=0.1))
+            await self.core.wait_idle(FINAL_FLUSH_S)
+        await self.server.stop(FINAL_FLUSH_S)
+        await self.engine.stop()
+        log.info("stopped")
+
+
+async def serve(config: WorkerConfig, port_file: str = "") -> None:
+    """Run a worker until SIGTERM/SIGINT, then shut it down in order."""
+    worker = Worker(config)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, worker.request_stop)
+    await worker.start()
+    if port_file:
+        tmp = Path(f"{port_file}.tmp")
+        tmp.write_text(str(worker.port))
+        os.replace(tmp, port_file)
+    loader = asyncio.create_task(worker.load_engine())
+    stopper = asyncio.create_task(worker.wait_stop())
+    done, _ = await asyncio.wait({loader, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    if loader in done and loader.exception() is not None:
+        stopper.cancel()
+        await worker.server.stop(0)
+        raise loader.exception()  # type: ignore[misc]
+    await stopper
+    if not loader.done():
+        loader.cancel()
+        await asyncio.gather(loader, return_exceptions=True)
+    await worker.shutdown()

@@ -1,0 +1,24 @@
+"""The one place where domain errors become gRPC statuses."""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+import grpc
+
+from model_service.errors import SluiceError
+
+RETRY_AFTER_KEY = "retry-after-ms"
+
+
+def trailing_metadata(err: SluiceError) -> tuple[tuple[str, str], ...]:
+    """Retry hint as trailing metadata (`retry-after-ms`), when there is one."""
+    if err.retry_after_s > 0:
+        return ((RETRY_AFTER_KEY, str(max(1, int(err.retry_after_s * 1000)))),)
+    return ()
+
+
+async def abort_with(context: grpc.aio.ServicerContext, err: SluiceError) -> NoReturn:
+    """End the RPC with the error's status code, message and retry hint."""
+    await context.abort(err.code, err.message, trailing_metadata(err))
+    raise AssertionError("unreachable")  # context.abort always raises

@@ -1,0 +1,113 @@
+"""Domain types shared by the servicer and the engines. No protobuf, no gRPC."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class FinishReason(enum.Enum):
+    """Why a generation ended (mirrors the contract's FinishReason)."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Sampling parameters after defaults are applied; engines map them one to one."""
+
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    n: int = 1
+    logprobs: int | None = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
+
+
+@dataclass(slots=True)
+class GenerationRequest:
+    """One generation as the engine sees it.
+
+    Exactly one of `prompt` and `messages` is set. `prompt_token_ids` is filled by the
+    servicer after tokenizing (so the engine need not tokenize twice).
+    """
+
+    request_id: str
+    sampling: SamplingParams
+    prompt: str | None = None
+    messages: tuple[ChatMessage, ...] | None = None
+    add_generation_prompt: bool = True
+    model: str = ""
+    timeout_s: float | None = None
+    prompt_token_ids: list[int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TopLogprob:
+    token_id: int
+    text: str
+    logprob: float
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: tuple[TopLogprob, ...] = ()
+
+
+@dataclass(slots=True)
+class EngineOutput:
+    """A delta from the engine: new text and tokens, and, on the last one, the end.
+
+    `prompt_tokens` / `completion_tokens` are cumulative counts so far.
+    """
+
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: FinishReason | None = None
+    stop_sequence: str = ""
+    cached_prompt_tokens: int = 0
+    logprobs: list[TokenLogprob] | None = None
+    # Engine clock (time.monotonic()) when prefill started, if the engine knows.
+    scheduled_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    id: str
+    max_model_len: int
+    engine: str
+    version: str = ""
+    default_max_tokens: int = 512
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """Engine load, taken from the engine itself."""
+
+    running: int = 0
+    waiting: int = 0
+    max_running: int = 0
+    kv_cache_usage: float = 0.0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
