@@ -57,7 +57,9 @@ class Admission:
             ahead = max(1, self.in_flight - stats.max_running + 1)
             retry = self.retry_after_s(ahead)
             why = "KV cache is full" if kv_full else f"{self.in_flight} generations in flight"
-            raise Overloaded(f"worker overloaded ({why}); retry in {retry:.2f}s", retry_after_s=retry)
+            raise Overloaded(
+                f"worker overloaded ({why}); retry in {retry:.2f}s", retry_after_s=retry
+            )
         self.in_flight += 1
 
     def release(self) -> None:

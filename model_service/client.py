@@ -74,7 +74,9 @@ def build_start(
 class Generation:
     """One generation: async-iterate its token chunks; then `final` holds the end."""
 
-    def __init__(self, stub: pb_grpc.GenerationStub, start: pb.StartGeneration, timeout: float | None) -> None:
+    def __init__(
+        self, stub: pb_grpc.GenerationStub, start: pb.StartGeneration, timeout: float | None
+    ) -> None:
         self.request_id = start.request_id
         self.final: pb.Final | None = None
         self.last_index = -1
@@ -108,7 +110,9 @@ class Generation:
 
     def cancel(self) -> None:
         """Ask the worker to stop; the generation then ends with reason CANCELLED."""
-        self._outbox.put_nowait(pb.GenerateRequest(cancel=pb.CancelGeneration(request_id=self.request_id)))
+        self._outbox.put_nowait(
+            pb.GenerateRequest(cancel=pb.CancelGeneration(request_id=self.request_id))
+        )
 
     def abort(self) -> None:
         """Drop the RPC at once (the worker aborts the engine request)."""
@@ -148,7 +152,10 @@ class SluiceClient:
         return list(resp.models)
 
     async def tokenize(
-        self, *, prompt: str | None = None, messages: Iterable[tuple[str, str]] | None = None,
+        self,
+        *,
+        prompt: str | None = None,
+        messages: Iterable[tuple[str, str]] | None = None,
         timeout: float | None = 10,
     ) -> list[int]:
         req = pb.TokenizeRequest()

@@ -11,8 +11,8 @@ import asyncio
 import itertools
 import logging
 import time
-from dataclasses import replace
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 from generated import sluice_pb2 as pb
 from model_service import convert
@@ -145,10 +145,18 @@ class Generation:
             int((now - self.arrived) * 1e6),
         )
 
-    def final(self, reason: FinishReason, *, stop: str = "", error: SluiceError | None = None) -> pb.GenerateResponse:
+    def final(
+        self, reason: FinishReason, *, stop: str = "", error: SluiceError | None = None
+    ) -> pb.GenerateResponse:
         usage = (self._prompt_tokens, self._completion_tokens, self._cached_tokens)
         msg = convert.final_to_pb(
-            self.request_id, self.index, reason, usage, self.timing_us(), stop_sequence=stop, error=error
+            self.request_id,
+            self.index,
+            reason,
+            usage,
+            self.timing_us(),
+            stop_sequence=stop,
+            error=error,
         )
         return self._message(msg)
 
@@ -169,7 +177,9 @@ class Generation:
                     if out.text or out.token_ids:
                         if self._first_token_at is None:
                             self._first_token_at = time.monotonic()
-                        await send(self._message(convert.chunk_to_pb(self.request_id, self.index, out)))
+                        await send(
+                            self._message(convert.chunk_to_pb(self.request_id, self.index, out))
+                        )
                     if out.finish_reason is not None:
                         done = True
                         await send(self.final(out.finish_reason, stop=out.stop_sequence))
@@ -179,9 +189,13 @@ class Generation:
                 done = True
                 await send(self.final(FinishReason.CANCELLED))
                 return
-            raise self._cancel_error() or EngineError("engine ended the generation without a reason")
+            raise self._cancel_error() or EngineError(
+                "engine ended the generation without a reason"
+            )
         except TimeoutError:
-            raise DeadlineExceeded(f"generation exceeded its deadline of {self.timeout_s:.3f}s") from None
+            raise DeadlineExceeded(
+                f"generation exceeded its deadline of {self.timeout_s:.3f}s"
+            ) from None
         except asyncio.CancelledError:
             if self._cancel_reason == CLIENT_CANCEL:
                 done = True

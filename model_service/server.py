@@ -88,11 +88,20 @@ class Worker:
         log.info("draining: %d generations in flight, grace %.1fs", live, grace)
         if not await self.core.wait_idle(grace):
             log.warning("drain grace over: ending %d generations", len(self.core.live))
-            self.core.abort_all(Unavailable("worker shut down before the generation finished", retry_after_s=0.1))
+            self.core.abort_all(
+                Unavailable("worker shut down before the generation finished", retry_after_s=0.1)
+            )
             await self.core.wait_idle(FINAL_FLUSH_S)
         await self.server.stop(FINAL_FLUSH_S)
         await self.engine.stop()
         log.info("stopped")
+
+
+def write_port_file(path: str, port: int) -> None:
+    """Publish the bound port atomically (tests and scripts wait for this file)."""
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text(str(port))
+    os.replace(tmp, path)
 
 
 async def serve(config: WorkerConfig, port_file: str = "") -> None:
@@ -103,9 +112,7 @@ async def serve(config: WorkerConfig, port_file: str = "") -> None:
         loop.add_signal_handler(sig, worker.request_stop)
     await worker.start()
     if port_file:
-        tmp = Path(f"{port_file}.tmp")
-        tmp.write_text(str(worker.port))
-        os.replace(tmp, port_file)
+        write_port_file(port_file, worker.port)
     loader = asyncio.create_task(worker.load_engine())
     stopper = asyncio.create_task(worker.wait_stop())
     done, _ = await asyncio.wait({loader, stopper}, return_when=asyncio.FIRST_COMPLETED)

@@ -23,27 +23,28 @@ class GenerationServicer(pb_grpc.GenerationServicer):
     def __init__(self, core: WorkerCore) -> None:
         self.core = core
 
-    async def Generate(  # noqa: N802 (gRPC method name)
+    async def Generate(
         self, request_iterator: AsyncIterator[pb.GenerateRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
         async for msg in GenerateStream(self.core, request_iterator, context).responses():
             yield msg
 
-    async def Resume(  # noqa: N802
+    async def Resume(
         self, request: pb.ResumeRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
         await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED, "Resume needs the replay log, which this worker does not keep yet"
+            grpc.StatusCode.UNIMPLEMENTED,
+            "Resume needs the replay log, which this worker does not keep yet",
         )
         yield pb.GenerateResponse()  # pragma: no cover (makes this an async generator)
 
-    async def ListModels(  # noqa: N802
+    async def ListModels(
         self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListModelsResponse:
         await self._require_ready(context)
         return pb.ListModelsResponse(models=[convert.model_info_to_pb(self.core.engine.model_info)])
 
-    async def Tokenize(  # noqa: N802
+    async def Tokenize(
         self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext
     ) -> pb.TokenizeResponse:
         await self._require_ready(context)
@@ -57,7 +58,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
             await abort_with(context, err)
         return pb.TokenizeResponse(token_ids=ids, count=len(ids), max_model_len=info.max_model_len)
 
-    async def GetStats(  # noqa: N802
+    async def GetStats(
         self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext
     ) -> pb.WorkerStats:
         adm = self.core.admission

@@ -83,7 +83,10 @@ class GenerateStream:
                         return
                 if reader_done and not self.live:
                     if self.started == 0:
-                        await abort_with(self.context, InvalidArgument("start", "stream closed before any start message"))
+                        await abort_with(
+                            self.context,
+                            InvalidArgument("start", "stream closed before any start message"),
+                        )
                     return
         finally:
             reader.cancel()
@@ -103,7 +106,9 @@ class GenerateStream:
                     if gen is not None:
                         gen.cancel(CLIENT_CANCEL)
                 else:
-                    await self.queue.put(_Fatal(InvalidArgument("action", "set `start` or `cancel`")))
+                    await self.queue.put(
+                        _Fatal(InvalidArgument("action", "set `start` or `cancel`"))
+                    )
                     return
         except asyncio.CancelledError:
             raise
@@ -117,14 +122,21 @@ class GenerateStream:
             self.multiplexed = start.multiplexed
         elif not self.multiplexed:
             await self.queue.put(
-                _Fatal(FailedPrecondition("this stream carries one generation; set multiplexed=true on its first start"))
+                _Fatal(
+                    FailedPrecondition(
+                        "this stream carries one generation; "
+                        "set multiplexed=true on its first start"
+                    )
+                )
             )
             return
         self.started += 1
         rid = start.request_id
         try:
             if rid in self.live:
-                raise FailedPrecondition(f"request_id {rid!r} is already live on this stream", field="request_id")
+                raise FailedPrecondition(
+                    f"request_id {rid!r} is already live on this stream", field="request_id"
+                )
             if len(self.live) >= self.core.config.limits.max_generations_per_stream:
                 raise FailedPrecondition("too many live generations on this stream")
             gen = await self.core.prepare(start, self.context.time_remaining())
@@ -137,7 +149,9 @@ class GenerateStream:
     async def _refuse(self, request_id: str, err: SluiceError) -> None:
         """A start that never became a generation."""
         if self.multiplexed:
-            msg = convert.final_to_pb(request_id, 0, FinishReason.ERROR, (0, 0, 0), (0, 0, 0), error=err)
+            msg = convert.final_to_pb(
+                request_id, 0, FinishReason.ERROR, (0, 0, 0), (0, 0, 0), error=err
+            )
             await self.queue.put(msg)
         else:
             await self.queue.put(_Fatal(err))

@@ -16,7 +16,9 @@ def validate_request(req: GenerationRequest, model: ModelInfo, limits: Limits) -
     if len(req.request_id.encode()) > limits.max_request_id_bytes:
         raise InvalidArgument("request_id", f"longer than {limits.max_request_id_bytes} bytes")
     if req.model and req.model != model.id:
-        raise NotFound(f"model {req.model!r} is not served here (serving {model.id!r})", field="model")
+        raise NotFound(
+            f"model {req.model!r} is not served here (serving {model.id!r})", field="model"
+        )
     _validate_input(req, limits)
     _validate_sampling(req, model, limits)
 
@@ -31,11 +33,14 @@ def _validate_input(req: GenerationRequest, limits: Limits) -> None:
         for i, m in enumerate(req.messages):
             if m.role not in ROLES:
                 raise InvalidArgument(
-                    f"chat.messages[{i}].role", f"unknown role {m.role[:32]!r}; use one of {sorted(ROLES)}"
+                    f"chat.messages[{i}].role",
+                    f"unknown role {m.role[:32]!r}; use one of {sorted(ROLES)}",
                 )
             size += len(m.content.encode())
         if size > limits.max_prompt_bytes:
-            raise InvalidArgument("chat.messages", f"content exceeds {limits.max_prompt_bytes} bytes")
+            raise InvalidArgument(
+                "chat.messages", f"content exceeds {limits.max_prompt_bytes} bytes"
+            )
         if not any(m.content for m in req.messages):
             raise InvalidArgument("chat.messages", "all messages are empty")
     else:
@@ -53,7 +58,8 @@ def _validate_sampling(req: GenerationRequest, model: ModelInfo, limits: Limits)
     if sp.max_tokens is not None and sp.max_tokens >= model.max_model_len:
         raise InvalidArgument(
             "sampling.max_tokens",
-            f"{sp.max_tokens} is not below the model's context window of {model.max_model_len} tokens",
+            f"{sp.max_tokens} is not below the model's context window "
+            f"of {model.max_model_len} tokens",
         )
     if not math.isfinite(sp.temperature) or sp.temperature < 0:
         raise InvalidArgument("sampling.temperature", "must be a finite number >= 0")
@@ -77,7 +83,9 @@ def _validate_sampling(req: GenerationRequest, model: ModelInfo, limits: Limits)
         if not s:
             raise InvalidArgument(f"sampling.stop[{i}]", "must not be empty")
         if len(s) > limits.max_stop_length:
-            raise InvalidArgument(f"sampling.stop[{i}]", f"longer than {limits.max_stop_length} characters")
+            raise InvalidArgument(
+                f"sampling.stop[{i}]", f"longer than {limits.max_stop_length} characters"
+            )
     if req.timeout_s is not None and req.timeout_s <= 0:
         raise InvalidArgument("timeout_ms", "must be positive")
 

@@ -59,7 +59,9 @@ class Proc:
             self.proc.wait(10)
 
 
-def _spawn(module: str, args: list[str], startup_timeout: float, env: dict[str, str] | None) -> Proc:
+def _spawn(
+    module: str, args: list[str], startup_timeout: float, env: dict[str, str] | None
+) -> Proc:
     tmp = Path(tempfile.mkdtemp(prefix=f"sluice-{module}-"))
     port_file = tmp / "port"
     log_path = tmp / "log"
@@ -81,7 +83,9 @@ def _spawn(module: str, args: list[str], startup_timeout: float, env: dict[str, 
         time.sleep(0.05)
     proc.kill()
     proc.wait(10)
-    raise RuntimeError(f"{module} did not bind a port in {startup_timeout}s:\n{log_path.read_text()}")
+    raise RuntimeError(
+        f"{module} did not bind a port in {startup_timeout}s:\n{log_path.read_text()}"
+    )
 
 
 def wait_serving(address: str, timeout: float = 60.0) -> None:
@@ -124,6 +128,8 @@ def worker(*args: str, **kwargs: object) -> Iterator[Proc]:
         proc.kill()
 
 
-def start_edge(*args: str, startup_timeout: float = 30.0, env: dict[str, str] | None = None) -> Proc:
+def start_edge(
+    *args: str, startup_timeout: float = 30.0, env: dict[str, str] | None = None
+) -> Proc:
     """Start `python -m edge ARGS` (it must accept --port 0 and --port-file)."""
     return _spawn("edge", list(args), startup_timeout, env)

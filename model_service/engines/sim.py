@@ -41,7 +41,10 @@ _WORD_RE = re.compile(r"\w+|[^\w\s]")
 
 def sim_tokenize(text: str) -> list[int]:
     """A stable word-level tokenizer: each word or punctuation mark is one token."""
-    return [int.from_bytes(hashlib.blake2b(w.encode(), digest_size=2).digest()) for w in _WORD_RE.findall(text)]
+    return [
+        int.from_bytes(hashlib.blake2b(w.encode(), digest_size=2).digest())
+        for w in _WORD_RE.findall(text)
+    ]
 
 
 def chat_template(messages: tuple[tuple[str, str], ...], add_generation_prompt: bool) -> str:
@@ -211,7 +214,9 @@ class SimEngine(Engine):
             hit = _find_stop(text, sp.stop, emitted) if n > sp.min_tokens else None
             if hit is not None:
                 pos, stop = hit
-                yield self._out(text[emitted:pos], [tid], len(prompt_ids), n, FinishReason.STOP, req, stop)
+                yield self._out(
+                    text[emitted:pos], [tid], len(prompt_ids), n, FinishReason.STOP, req, stop
+                )
                 return
             finish = FinishReason.LENGTH if n >= max_tokens else None
             upto = len(text) if finish else max(emitted, len(text) - holdback)

@@ -40,20 +40,30 @@ def test_list_services(worker):
 def test_describe_generation_service(worker):
     out = grpcurl(worker.address, "describe", "sluice.v1.Generation")
     assert out.returncode == 0, out.stderr
-    assert "rpc Generate ( stream .sluice.v1.GenerateRequest ) returns ( stream .sluice.v1.GenerateResponse )" in out.stdout
+    assert (
+        "rpc Generate ( stream .sluice.v1.GenerateRequest )"
+        " returns ( stream .sluice.v1.GenerateResponse )" in out.stdout
+    )
     out = grpcurl(worker.address, "describe", "sluice.v1.SamplingParams")
     assert "max_tokens" in out.stdout and "temperature" in out.stdout
 
 
 def test_health_check(worker):
-    out = grpcurl(worker.address, "grpc.health.v1.Health/Check", data='{"service": "sluice.v1.Generation"}')
+    out = grpcurl(
+        worker.address, "grpc.health.v1.Health/Check", data='{"service": "sluice.v1.Generation"}'
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["status"] == "SERVING"
 
 
 def test_generate_with_json_input(worker):
-    req = {"start": {"requestId": "curl-1", "prompt": "Hello from grpcurl",
-                     "sampling": {"maxTokens": 7, "temperature": 0}}}
+    req = {
+        "start": {
+            "requestId": "curl-1",
+            "prompt": "Hello from grpcurl",
+            "sampling": {"maxTokens": 7, "temperature": 0},
+        }
+    }
     out = grpcurl(worker.address, "sluice.v1.Generation/Generate", data=json.dumps(req))
     assert out.returncode == 0, out.stderr
     decoder, text, msgs = json.JSONDecoder(), out.stdout.strip(), []

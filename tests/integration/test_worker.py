@@ -20,16 +20,34 @@ SP = pb.SamplingParams
 @pytest.fixture(scope="module")
 def worker():
     # 4 slots, room for 4 waiting; tokens every 5 ms; 50-token natural answers.
-    w = start_worker("--engine", "sim", "--max-num-seqs", "4", "--max-waiting", "4",
-                     "--sim-ttft", "0.01", "--sim-token-delay", "0.005", "--sim-answer-tokens", "50",
-                     "--max-model-len", "512", "--max-prompt-bytes", "65536")
+    w = start_worker(
+        "--engine",
+        "sim",
+        "--max-num-seqs",
+        "4",
+        "--max-waiting",
+        "4",
+        "--sim-ttft",
+        "0.01",
+        "--sim-token-delay",
+        "0.005",
+        "--sim-answer-tokens",
+        "50",
+        "--max-model-len",
+        "512",
+        "--max-prompt-bytes",
+        "65536",
+    )
     yield w
     w.kill()
 
 
 def start(rid="r1", prompt="Tell me about rivers", multiplexed=False, **sampling):
-    return pb.GenerateRequest(start=pb.StartGeneration(
-        request_id=rid, prompt=prompt, sampling=SP(**sampling), multiplexed=multiplexed))
+    return pb.GenerateRequest(
+        start=pb.StartGeneration(
+            request_id=rid, prompt=prompt, sampling=SP(**sampling), multiplexed=multiplexed
+        )
+    )
 
 
 async def collect(call):
@@ -57,7 +75,9 @@ async def test_full_generation_gapless_indices_and_usage(worker):
     ids = [t for m in msgs[:-1] for t in m.chunk.token_ids]
     assert final.usage.completion_tokens == len(ids) == 30
     async with grpc.aio.insecure_channel(worker.address) as ch:
-        tok = await pb_grpc.GenerationStub(ch).Tokenize(pb.TokenizeRequest(prompt="Tell me about rivers"))
+        tok = await pb_grpc.GenerationStub(ch).Tokenize(
+            pb.TokenizeRequest(prompt="Tell me about rivers")
+        )
     assert final.usage.prompt_tokens == tok.count > 0
     assert 0 < final.timing.time_to_first_token_us <= final.timing.total_us
 
@@ -71,10 +91,16 @@ async def test_natural_end_reports_stop(worker):
 async def test_two_generations_multiplexed_on_one_stream(worker):
     async with grpc.aio.insecure_channel(worker.address) as ch:
         stub = pb_grpc.GenerationStub(ch)
-        solo_a = await collect(stub.Generate(iter([start("x", "alpha prompt", temperature=0, max_tokens=20)])))
-        solo_b = await collect(stub.Generate(iter([start("y", "beta prompt", temperature=0, max_tokens=25)])))
-        reqs = [start("a", "alpha prompt", True, temperature=0, max_tokens=20),
-                start("b", "beta prompt", True, temperature=0, max_tokens=25)]
+        solo_a = await collect(
+            stub.Generate(iter([start("x", "alpha prompt", temperature=0, max_tokens=20)]))
+        )
+        solo_b = await collect(
+            stub.Generate(iter([start("y", "beta prompt", temperature=0, max_tokens=25)]))
+        )
+        reqs = [
+            start("a", "alpha prompt", True, temperature=0, max_tokens=20),
+            start("b", "beta prompt", True, temperature=0, max_tokens=25),
+        ]
         msgs = await collect(stub.Generate(iter(reqs)))
     by_id: dict[str, list] = {"a": [], "b": []}
     for m in msgs:
@@ -89,8 +115,10 @@ async def test_two_generations_multiplexed_on_one_stream(worker):
 
 
 async def test_multiplexed_bad_start_fails_in_band_only(worker):
-    reqs = [start("good", "fine prompt", True, temperature=0, max_tokens=10),
-            start("bad", "bad prompt", True, top_p=2.0)]
+    reqs = [
+        start("good", "fine prompt", True, temperature=0, max_tokens=10),
+        start("bad", "bad prompt", True, top_p=2.0),
+    ]
     async with grpc.aio.insecure_channel(worker.address) as ch:
         call = pb_grpc.GenerationStub(ch).Generate(iter(reqs))
         msgs = await collect(call)
@@ -181,7 +209,10 @@ def _bad(**kw):
         (_bad(prompt="hi", sampling=SP(stop=["ok", ""])), "sampling.stop[1]"),
         (_bad(prompt="x " * 40000), "prompt"),  # over --max-prompt-bytes
         (_bad(prompt="word " * 600), "prompt"),  # over the 512-token context window
-        (_bad(chat=pb.ChatInput(messages=[pb.ChatMessage(role="robot", content="x")])), "chat.messages[0].role"),
+        (
+            _bad(chat=pb.ChatInput(messages=[pb.ChatMessage(role="robot", content="x")])),
+            "chat.messages[0].role",
+        ),
         (_bad(chat=pb.ChatInput()), "chat.messages"),
     ],
     ids=lambda v: v if isinstance(v, str) else "",
@@ -219,18 +250,34 @@ async def test_python_client_round_trip(worker):
         text = await gen.text()
         assert gen.final.usage.completion_tokens == 12 and len(text.split()) == 12
         with pytest.raises(GenerationError) as e:
-            await client.generate(prompt="slow", max_tokens=400, ignore_eos=True, timeout=0.2).text()
+            await client.generate(
+                prompt="slow", max_tokens=400, ignore_eos=True, timeout=0.2
+            ).text()
         assert e.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
 
 
 async def test_overload_refused_fast_with_retry_hint_while_admitted_complete():
-    w = start_worker("--engine", "sim", "--max-num-seqs", "2", "--max-waiting", "2",
-                     "--sim-ttft", "0", "--sim-token-delay", "0.01")
+    w = start_worker(
+        "--engine",
+        "sim",
+        "--max-num-seqs",
+        "2",
+        "--max-waiting",
+        "2",
+        "--sim-ttft",
+        "0",
+        "--sim-token-delay",
+        "0.01",
+    )
     try:
         async with SluiceClient(w.address) as client:
             # Warm the drain-rate estimate with a few finished generations.
-            await asyncio.gather(*(client.generate(prompt="warm", max_tokens=3).text() for _ in range(4)))
-            admitted = [client.generate(prompt=f"p{i}", max_tokens=30, ignore_eos=True) for i in range(4)]
+            await asyncio.gather(
+                *(client.generate(prompt="warm", max_tokens=3).text() for _ in range(4))
+            )
+            admitted = [
+                client.generate(prompt=f"p{i}", max_tokens=30, ignore_eos=True) for i in range(4)
+            ]
             tasks = [asyncio.create_task(g.text()) for g in admitted]
             await asyncio.sleep(0.1)
             t0 = time.monotonic()
@@ -247,8 +294,17 @@ async def test_overload_refused_fast_with_retry_hint_while_admitted_complete():
 
 
 async def test_health_across_start_and_sigterm_drain_in_flight_completes():
-    w = start_worker("--engine", "sim", "--sim-startup", "1.5", "--sim-token-delay", "0.02",
-                     "--drain-grace", "10", wait=False)
+    w = start_worker(
+        "--engine",
+        "sim",
+        "--sim-startup",
+        "1.5",
+        "--sim-token-delay",
+        "0.02",
+        "--drain-grace",
+        "10",
+        wait=False,
+    )
     seen: list[int] = []
     try:
         async with grpc.aio.insecure_channel(w.address) as ch:
@@ -286,7 +342,9 @@ async def test_drain_grace_over_ends_streams_with_unavailable():
     w = start_worker("--engine", "sim", "--sim-token-delay", "0.02", "--drain-grace", "0.5")
     try:
         async with grpc.aio.insecure_channel(w.address) as ch:
-            call = pb_grpc.GenerationStub(ch).Generate(iter([start(max_tokens=1000, ignore_eos=True)]))
+            call = pb_grpc.GenerationStub(ch).Generate(
+                iter([start(max_tokens=1000, ignore_eos=True)])
+            )
             await call.__aiter__().__anext__()
             w.proc.terminate()
             with pytest.raises(grpc.aio.AioRpcError) as e:

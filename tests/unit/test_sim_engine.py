@@ -46,7 +46,7 @@ async def test_seed_reproducible_and_distinct():
 async def test_natural_stop_when_answer_ends():
     e = engine(answer=5)
     await e.start()
-    text, ids, last = await run(e, req(temperature=0, max_tokens=100))
+    _, ids, last = await run(e, req(temperature=0, max_tokens=100))
     assert last.finish_reason is FinishReason.STOP
     assert last.completion_tokens == len(ids) <= 9
 
@@ -73,7 +73,7 @@ async def test_slots_queue_and_abort_frees_slot_at_once():
     assert (e.stats().running, e.stats().waiting) == (1, 1)
     await e.abort("a")
     assert e.stats().running == 1 and e.stats().waiting == 0  # b took the freed slot
-    _, ids, last = await asyncio.wait_for(second, 2)
+    _, ids, _ = await asyncio.wait_for(second, 2)
     assert len(ids) == 3
     await first.aclose()
     assert (e.stats().running, e.stats().waiting, e.stats().kv_cache_usage) == (0, 0, 0)

@@ -13,7 +13,9 @@ MODEL = ModelInfo(id="m", max_model_len=100, engine="sim", default_max_tokens=50
 
 
 def req(prompt="hi", messages=None, **sp):
-    return GenerationRequest(request_id="r", prompt=prompt, messages=messages, sampling=SamplingParams(**sp))
+    return GenerationRequest(
+        request_id="r", prompt=prompt, messages=messages, sampling=SamplingParams(**sp)
+    )
 
 
 @pytest.mark.parametrize(
