@@ -29,7 +29,7 @@ class GenerateRequest(_message.Message):
     def __init__(self, start: _Optional[_Union[StartGeneration, _Mapping]] = ..., cancel: _Optional[_Union[CancelGeneration, _Mapping]] = ...) -> None: ...
 
 class StartGeneration(_message.Message):
-    __slots__ = ("request_id", "model", "chat", "prompt", "sampling", "timeout_ms", "multiplexed", "stamp_times")
+    __slots__ = ("request_id", "model", "chat", "prompt", "sampling", "timeout_ms", "multiplexed", "stamp_times", "detach_grace_ms")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +38,7 @@ class StartGeneration(_message.Message):
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     MULTIPLEXED_FIELD_NUMBER: _ClassVar[int]
     STAMP_TIMES_FIELD_NUMBER: _ClassVar[int]
+    DETACH_GRACE_MS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     chat: ChatInput
@@ -46,7 +47,8 @@ class StartGeneration(_message.Message):
     timeout_ms: int
     multiplexed: bool
     stamp_times: bool
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., chat: _Optional[_Union[ChatInput, _Mapping]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., timeout_ms: _Optional[int] = ..., multiplexed: _Optional[bool] = ..., stamp_times: _Optional[bool] = ...) -> None: ...
+    detach_grace_ms: int
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., chat: _Optional[_Union[ChatInput, _Mapping]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., timeout_ms: _Optional[int] = ..., multiplexed: _Optional[bool] = ..., stamp_times: _Optional[bool] = ..., detach_grace_ms: _Optional[int] = ...) -> None: ...
 
 class ChatInput(_message.Message):
     __slots__ = ("messages", "add_generation_prompt")
@@ -247,7 +249,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("running", "waiting", "max_running", "kv_cache_usage", "draining", "finished_total", "rejected_total", "spec_draft_tokens", "spec_accepted_tokens", "drain_rate")
+    __slots__ = ("running", "waiting", "max_running", "kv_cache_usage", "draining", "finished_total", "rejected_total", "spec_draft_tokens", "spec_accepted_tokens", "drain_rate", "resumed_total", "detach_expired_total", "wasted_tokens_total", "replay_generations", "replay_bytes")
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
     MAX_RUNNING_FIELD_NUMBER: _ClassVar[int]
@@ -258,6 +260,11 @@ class WorkerStats(_message.Message):
     SPEC_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SPEC_ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DRAIN_RATE_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    DETACH_EXPIRED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    WASTED_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    REPLAY_GENERATIONS_FIELD_NUMBER: _ClassVar[int]
+    REPLAY_BYTES_FIELD_NUMBER: _ClassVar[int]
     running: int
     waiting: int
     max_running: int
@@ -268,4 +275,9 @@ class WorkerStats(_message.Message):
     spec_draft_tokens: int
     spec_accepted_tokens: int
     drain_rate: float
-    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., max_running: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., draining: _Optional[bool] = ..., finished_total: _Optional[int] = ..., rejected_total: _Optional[int] = ..., spec_draft_tokens: _Optional[int] = ..., spec_accepted_tokens: _Optional[int] = ..., drain_rate: _Optional[float] = ...) -> None: ...
+    resumed_total: int
+    detach_expired_total: int
+    wasted_tokens_total: int
+    replay_generations: int
+    replay_bytes: int
+    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., max_running: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., draining: _Optional[bool] = ..., finished_total: _Optional[int] = ..., rejected_total: _Optional[int] = ..., spec_draft_tokens: _Optional[int] = ..., spec_accepted_tokens: _Optional[int] = ..., drain_rate: _Optional[float] = ..., resumed_total: _Optional[int] = ..., detach_expired_total: _Optional[int] = ..., wasted_tokens_total: _Optional[int] = ..., replay_generations: _Optional[int] = ..., replay_bytes: _Optional[int] = ...) -> None: ...

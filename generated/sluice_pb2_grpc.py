@@ -84,8 +84,9 @@ class GenerationServicer:
 
     def Resume(self, request, context):
         """Replays a generation's messages from `from_index` on, then follows it live until its
-        `final` message. Needs the worker's replay log for that generation (NOT_FOUND once it
-        has expired).
+        `final` message, from the worker's replay log: kept while the generation runs and for
+        a retention time after it ends (NOT_FOUND once expired or evicted). A generation that
+        failed ends the RPC with its status, as in the simple case of `Generate`.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -75,6 +75,16 @@ class AdmissionConfig:
 
 
 @dataclass(slots=True)
+class ReplayConfig:
+    """Resumable generations: detach grace and the replay log's retention and cap."""
+
+    detach_grace_s: float = 5.0  # default grace when a request does not set its own
+    max_detach_grace_s: float = 60.0  # cap on a request's own detach_grace_ms
+    retention_s: float = 60.0  # how long an ended generation stays resumable
+    max_bytes: int = 256 * 1024 * 1024  # replay log cap (approximate bytes)
+
+
+@dataclass(slots=True)
 class ServerConfig:
     """gRPC server settings."""
 
@@ -109,6 +119,7 @@ class WorkerConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     limits: Limits = field(default_factory=Limits)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
     log_level: str = "info"
 
 
@@ -127,6 +138,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=d.engine.max_num_seqs, help="batch slots")
     p.add_argument("--max-waiting", type=int, default=d.admission.max_waiting)
     p.add_argument("--default-max-tokens", type=int, default=d.engine.default_max_tokens)
+    p.add_argument(
+        "--detach-grace",
+        type=float,
+        default=d.replay.detach_grace_s,
+        help="seconds a generation runs on after its consumer left (0 = abort at once)",
+    )
+    p.add_argument("--replay-retention", type=float, default=d.replay.retention_s, help="seconds")
+    p.add_argument("--replay-max-mb", type=float, default=d.replay.max_bytes / 2**20)
     p.add_argument("--max-prompt-bytes", type=int, default=d.limits.max_prompt_bytes)
     p.add_argument("--sim-ttft", type=float, default=d.engine.sim.ttft_s, help="seconds")
     p.add_argument("--sim-token-delay", type=float, default=d.engine.sim.token_delay_s)
@@ -174,5 +193,10 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
         server=ServerConfig(host=args.host, port=args.port, drain_grace_s=args.drain_grace),
         limits=Limits(max_prompt_bytes=args.max_prompt_bytes),
         admission=AdmissionConfig(max_waiting=args.max_waiting),
+        replay=ReplayConfig(
+            detach_grace_s=args.detach_grace,
+            retention_s=args.replay_retention,
+            max_bytes=int(args.replay_max_mb * 2**20),
+        ),
         log_level=args.log_level,
     )

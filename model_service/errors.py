@@ -68,3 +68,15 @@ class EngineError(SluiceError):
     """The engine failed on its own: a worker-side fault."""
 
     code = grpc.StatusCode.INTERNAL
+
+
+class AlreadyExists(SluiceError):
+    """A generation with this request id is live already."""
+
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class OutOfRange(SluiceError):
+    """A resume index beyond what the generation has produced."""
+
+    code = grpc.StatusCode.OUT_OF_RANGE

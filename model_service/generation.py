@@ -1,120 +1,60 @@
-"""One generation's life: admission, the engine loop, indices, usage, timing, cancellation.
+"""One generation: it runs in its own task, writes every message to its replay log, and
+any number of consumers follow that log (the original stream, later `Resume` calls).
 
-`WorkerCore` holds what all streams share (engine, admission, limits, the live set, the
-draining flag); `Generation` runs one request and emits protobuf messages through a
-callback. The gRPC stream plumbing lives in `stream.py`.
+When the last consumer leaves before the end, the generation is detached: it keeps
+running for its grace period so that a `Resume` can pick it up, then aborts.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from collections.abc import AsyncGenerator
+from typing import TYPE_CHECKING
 
 from generated import sluice_pb2 as pb
 from model_service import convert
-from model_service.admission import Admission
-from model_service.config import WorkerConfig
-from model_service.engines.base import Engine
-from model_service.errors import (
-    DeadlineExceeded,
-    EngineError,
-    SluiceError,
-    Unavailable,
-)
+from model_service.errors import DeadlineExceeded, EngineError, SluiceError
 from model_service.types import FinishReason, GenerationRequest
-from model_service.validation import resolve_max_tokens, validate_request
+
+if TYPE_CHECKING:
+    from model_service.core import WorkerCore
 
 log = logging.getLogger("sluice.worker")
 
-Send = Callable[[pb.GenerateResponse], Awaitable[None]]
 CLIENT_CANCEL = "client"
-
-
-class WorkerCore:
-    """Shared state of one worker process."""
-
-    def __init__(self, engine: Engine, config: WorkerConfig) -> None:
-        self.engine = engine
-        self.config = config
-        self.admission = Admission(config.admission)
-        self.ready = False
-        self.draining = False
-        self.live: set[Generation] = set()
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._ids = itertools.count()
-
-    async def prepare(self, start: pb.StartGeneration, deadline_s: float | None) -> Generation:
-        """Decode, validate, admit and tokenize a start message. Raises SluiceError."""
-        arrived = time.monotonic()
-        req = convert.request_from_pb(start)
-        if not self.ready or self.draining:
-            raise Unavailable("worker is draining" if self.draining else "engine is not ready yet")
-        model = self.engine.model_info
-        validate_request(req, model, self.config.limits)
-        self.admission.admit(self.engine.stats())
-        try:
-            ids = await self.engine.tokenize(req)
-            req.prompt_token_ids = ids
-            max_tokens = resolve_max_tokens(req, model, len(ids))
-            if req.sampling.max_tokens != max_tokens:
-                req.sampling = replace(req.sampling, max_tokens=max_tokens)
-        except BaseException:
-            self.admission.release()
-            raise
-        timeout = req.timeout_s
-        if deadline_s is not None:
-            timeout = deadline_s if timeout is None else min(timeout, deadline_s)
-        gen = Generation(self, req, f"{req.request_id}#{next(self._ids)}", arrived, timeout)
-        gen.stamp = start.stamp_times
-        self.live.add(gen)
-        self._idle.clear()
-        return gen
-
-    def finished(self, gen: Generation) -> None:
-        if gen in self.live:
-            self.live.discard(gen)
-            self.admission.release()
-            if not self.live:
-                self._idle.set()
-
-    async def wait_idle(self, timeout: float) -> bool:
-        """Wait until no generation is live; False if `timeout` passed first."""
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-            return True
-        except TimeoutError:
-            return False
-
-    def abort_all(self, reason: SluiceError) -> None:
-        for gen in list(self.live):
-            gen.cancel(reason)
+DETACH_EXPIRED = "detach-expired"
+MSG_OVERHEAD_BYTES = 32
 
 
 class Generation:
-    """One request on the engine; `run()` emits its chunks and final message via `send`."""
+    """One request on the engine and its replay log."""
 
     def __init__(
         self,
         core: WorkerCore,
         request: GenerationRequest,
-        engine_id: str,
         arrived: float,
         timeout_s: float | None,
+        detach_grace_s: float,
     ) -> None:
         self.core = core
         self.request = request
         self.request_id = request.request_id
-        self.engine_id = engine_id
         self.arrived = arrived
         self.timeout_s = timeout_s
+        self.detach_grace_s = detach_grace_s
         self.stamp = False
-        self.index = 0
         self.task: asyncio.Task[None] | None = None
+        self.log: list[pb.GenerateResponse] = []
+        self.log_bytes = 0
+        self.ended = False
+        self.error: SluiceError | None = None
+        self.subscribers = 0
+        self._changed = asyncio.Event()
+        self._detach_timer: asyncio.TimerHandle | None = None
+        self._tokens_at_detach = 0
         self._cancel_reason: str | SluiceError | None = None
         self._prompt_tokens = len(request.prompt_token_ids or ())
         self._completion_tokens = 0
@@ -122,20 +62,72 @@ class Generation:
         self._scheduled_at: float | None = None
         self._first_token_at: float | None = None
 
+    @property
+    def index(self) -> int:
+        """The index the next message will get (= messages so far)."""
+        return len(self.log)
+
+    # -- consumers ---------------------------------------------------------------------
+
+    async def follow(self, from_index: int = 0) -> AsyncGenerator[pb.GenerateResponse, None]:
+        """Messages from `from_index` on, live until the final one. Use with `aclosing`."""
+        self.subscribers += 1
+        if self._detach_timer is not None:
+            self._detach_timer.cancel()
+            self._detach_timer = None
+        i = from_index
+        try:
+            while True:
+                changed = self._changed
+                while i < len(self.log):
+                    yield self.log[i]
+                    i += 1
+                if self.ended:
+                    return
+                await changed.wait()
+        finally:
+            self.subscribers -= 1
+            if self.subscribers == 0 and not self.ended:
+                self._detached()
+
+    def _detached(self) -> None:
+        if self.detach_grace_s <= 0:
+            self.cancel(DETACH_EXPIRED)
+            return
+        self._tokens_at_detach = self._completion_tokens
+        loop = asyncio.get_running_loop()
+        self._detach_timer = loop.call_later(self.detach_grace_s, self._detach_expired)
+
+    def _detach_expired(self) -> None:
+        self._detach_timer = None
+        if self.subscribers == 0 and not self.ended:
+            self.core.detach_expired_total += 1
+            self.core.wasted_tokens_total += self._completion_tokens - self._tokens_at_detach
+            self.cancel(DETACH_EXPIRED)
+
     def cancel(self, reason: str | SluiceError) -> None:
-        """End the generation: CLIENT_CANCEL -> final CANCELLED; an error -> that error."""
+        """End early: CLIENT_CANCEL or DETACH_EXPIRED -> final CANCELLED; an error -> it."""
         if self._cancel_reason is None:
             self._cancel_reason = reason
         if self.task is not None and not self.task.done():
             self.task.cancel()
 
-    def _message(self, msg: pb.GenerateResponse) -> pb.GenerateResponse:
-        self.index += 1
+    # -- producing ---------------------------------------------------------------------
+
+    def _append(self, msg: pb.GenerateResponse) -> None:
         if self.stamp:
             msg.worker_time_ns = time.time_ns()
-        return msg
+        self.log.append(msg)
+        if msg.HasField("chunk"):
+            self.log_bytes += (
+                MSG_OVERHEAD_BYTES + len(msg.chunk.text) + 4 * len(msg.chunk.token_ids)
+            )
+        else:
+            self.log_bytes += MSG_OVERHEAD_BYTES * 4
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
 
-    def timing_us(self) -> tuple[int, int, int]:
+    def _timing_us(self) -> tuple[int, int, int]:
         now = time.monotonic()
         first = self._first_token_at or now
         sched = self._scheduled_at or first
@@ -145,27 +137,48 @@ class Generation:
             int((now - self.arrived) * 1e6),
         )
 
-    def final(
+    def _final(
         self, reason: FinishReason, *, stop: str = "", error: SluiceError | None = None
-    ) -> pb.GenerateResponse:
+    ) -> None:
         usage = (self._prompt_tokens, self._completion_tokens, self._cached_tokens)
-        msg = convert.final_to_pb(
-            self.request_id,
-            self.index,
-            reason,
-            usage,
-            self.timing_us(),
-            stop_sequence=stop,
-            error=error,
+        self._append(
+            convert.final_to_pb(
+                self.request_id,
+                self.index,
+                reason,
+                usage,
+                self._timing_us(),
+                stop_sequence=stop,
+                error=error,
+            )
         )
-        return self._message(msg)
 
-    async def run(self, send: Send) -> None:
-        """Drive the engine to the end. Raises SluiceError on failure (after aborting)."""
+    async def run(self) -> None:
+        """Drive the engine to the end; every outcome ends the log with a final message."""
+        try:
+            reason, stop = await self._drive()
+            self._final(reason, stop=stop)
+        except SluiceError as err:
+            self.error = err
+            self._final(FinishReason.ERROR, error=err)
+        except asyncio.CancelledError:
+            # Cancelled from outside the known reasons (worker stopping): record and end.
+            self.error = EngineError("generation cancelled by the worker")
+            self._final(FinishReason.ERROR, error=self.error)
+        finally:
+            self.ended = True
+            self._changed.set()
+            if self._detach_timer is not None:
+                self._detach_timer.cancel()
+            self.core.finished(self)
+
+    async def _drive(self) -> tuple[FinishReason, str]:
+        """The engine loop: returns (finish reason, stop string) or raises SluiceError."""
         engine = self.core.engine
-        self.request.request_id = self.engine_id
+        engine_id = self.core.engine_id(self.request_id)
+        self.request.request_id = engine_id
         outputs = engine.generate(self.request)
-        done = False
+        finished = False
         try:
             async with asyncio.timeout(self.timeout_s):
                 async for out in outputs:
@@ -177,46 +190,35 @@ class Generation:
                     if out.text or out.token_ids:
                         if self._first_token_at is None:
                             self._first_token_at = time.monotonic()
-                        await send(
-                            self._message(convert.chunk_to_pb(self.request_id, self.index, out))
-                        )
+                        self._append(convert.chunk_to_pb(self.request_id, self.index, out))
                     if out.finish_reason is not None:
-                        done = True
-                        await send(self.final(out.finish_reason, stop=out.stop_sequence))
-                        return
-            # The engine ended the stream without a finish: it was aborted from outside.
-            if self._cancel_reason == CLIENT_CANCEL:
-                done = True
-                await send(self.final(FinishReason.CANCELLED))
-                return
-            raise self._cancel_error() or EngineError(
-                "engine ended the generation without a reason"
-            )
+                        finished = True
+                        return out.finish_reason, out.stop_sequence
+            # The engine ended the stream without a finish: aborted from outside.
+            return self._cancelled()
         except TimeoutError:
             raise DeadlineExceeded(
                 f"generation exceeded its deadline of {self.timeout_s:.3f}s"
             ) from None
         except asyncio.CancelledError:
-            if self._cancel_reason == CLIENT_CANCEL:
-                done = True
-                await send(self.final(FinishReason.CANCELLED))
-                return
-            if isinstance(self._cancel_reason, SluiceError):
-                raise self._cancel_reason from None
-            raise
+            if self._cancel_reason is None:
+                raise
+            return self._cancelled()
         except SluiceError:
             raise
         except Exception as exc:
-            log.exception("engine failure in %s", self.engine_id)
+            log.exception("engine failure in %s", engine_id)
             raise EngineError(f"engine failure: {type(exc).__name__}") from exc
         finally:
             self.request.request_id = self.request_id
             await outputs.aclose()  # type: ignore[attr-defined]
-            if not done:
-                await engine.abort(self.engine_id)
-            self.core.finished(self)
+            if not finished:
+                await engine.abort(engine_id)
 
-    def _cancel_error(self) -> SluiceError | None:
-        if isinstance(self._cancel_reason, SluiceError):
-            return self._cancel_reason
-        return None
+    def _cancelled(self) -> tuple[FinishReason, str]:
+        reason = self._cancel_reason
+        if isinstance(reason, SluiceError):
+            raise reason
+        if reason in (CLIENT_CANCEL, DETACH_EXPIRED):
+            return FinishReason.CANCELLED, ""
+        raise EngineError("engine ended the generation without a reason")

@@ -24,9 +24,9 @@ from grpc_reflection.v1alpha import reflection
 from generated import sluice_pb2 as pb
 from generated import sluice_pb2_grpc as pb_grpc
 from model_service.config import WorkerConfig
+from model_service.core import WorkerCore
 from model_service.engines import load_engine
 from model_service.errors import Unavailable
-from model_service.generation import WorkerCore
 from model_service.servicer import GenerationServicer
 
 log = logging.getLogger("sluice.worker")

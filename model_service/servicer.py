@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 import grpc
 
 from generated import sluice_pb2 as pb
 from generated import sluice_pb2_grpc as pb_grpc
 from model_service import convert
+from model_service.core import WorkerCore
 from model_service.errors import SluiceError, Unavailable
-from model_service.generation import WorkerCore
 from model_service.status import abort_with
-from model_service.stream import GenerateStream
+from model_service.stream import GenerateStream, follow_simple
 from model_service.types import EngineStats
 from model_service.validation import validate_request
 
@@ -32,11 +33,13 @@ class GenerationServicer(pb_grpc.GenerationServicer):
     async def Resume(
         self, request: pb.ResumeRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED,
-            "Resume needs the replay log, which this worker does not keep yet",
-        )
-        yield pb.GenerateResponse()  # pragma: no cover (makes this an async generator)
+        try:
+            gen = self.core.find(request.request_id, request.from_index)
+            async with aclosing(follow_simple(gen, request.from_index)) as msgs:
+                async for msg in msgs:
+                    yield msg
+        except SluiceError as err:
+            await abort_with(context, err)
 
     async def ListModels(
         self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
@@ -65,13 +68,21 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         stats = self.core.engine.stats() if self.core.ready else None
         if stats is None:
             stats = EngineStats()
-        return convert.stats_to_pb(
+        core = self.core
+        core.store.evict()
+        msg = convert.stats_to_pb(
             stats,
-            draining=self.core.draining,
+            draining=core.draining,
             finished=adm.finished_total,
             rejected=adm.rejected_total,
             drain_rate=adm.drain.rate(),
         )
+        msg.resumed_total = core.resumed_total
+        msg.detach_expired_total = core.detach_expired_total
+        msg.wasted_tokens_total = core.wasted_tokens_total
+        msg.replay_generations = len(core.store)
+        msg.replay_bytes = core.store.bytes()
+        return msg
 
     async def _require_ready(self, context: grpc.aio.ServicerContext) -> None:
         if not self.core.ready:

@@ -1,34 +1,39 @@
-"""The `Generate` bidi stream: reads client messages, runs generations, writes responses.
+"""The `Generate` bidi stream: reads client messages, starts generations, forwards their
+replay logs to the client.
 
-One writer (the RPC's own coroutine) drains a bounded queue that generation tasks fill, so
-writes never interleave and a slow reader applies backpressure all the way to the engine.
+Generations run in their own tasks (see `generation.py`); this stream is one consumer of
+each. One writer (the RPC's own coroutine) drains a bounded queue that per-generation
+forwarders fill, so writes never interleave. When the RPC ends early, the forwarders stop
+and each generation detaches (it may then be resumed, or it aborts after its grace).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass
 
 import grpc
 
 from generated import sluice_pb2 as pb
 from model_service import convert
+from model_service.core import WorkerCore
 from model_service.errors import FailedPrecondition, InvalidArgument, SluiceError
-from model_service.generation import CLIENT_CANCEL, Generation, WorkerCore
+from model_service.generation import CLIENT_CANCEL, Generation
 from model_service.status import abort_with
 from model_service.types import FinishReason
 
 log = logging.getLogger("sluice.worker")
 
 QUEUE_SIZE = 256
+ERROR = pb.FINISH_REASON_ERROR
 
 
 @dataclass(slots=True)
 class _GenDone:
-    gen: Generation
-    error: SluiceError | None
+    request_id: str
 
 
 @dataclass(slots=True)
@@ -42,6 +47,18 @@ class _ReaderDone:
 
 _READER_DONE = _ReaderDone()
 _Item = pb.GenerateResponse | _GenDone | _Fatal | _ReaderDone
+
+
+async def follow_simple(
+    gen: Generation, from_index: int
+) -> AsyncGenerator[pb.GenerateResponse, None]:
+    """A generation's messages for a one-generation consumer: a failure raises its error
+    (which becomes the RPC status) instead of arriving as an in-band final message."""
+    async with aclosing(gen.follow(from_index)) as msgs:
+        async for msg in msgs:
+            if msg.final.reason == ERROR and gen.error is not None:
+                raise gen.error
+            yield msg
 
 
 class GenerateStream:
@@ -58,6 +75,7 @@ class GenerateStream:
         self.context = context
         self.queue: asyncio.Queue[_Item] = asyncio.Queue(QUEUE_SIZE)
         self.live: dict[str, Generation] = {}
+        self.forwarders: dict[str, asyncio.Task[None]] = {}
         self.multiplexed: bool | None = None  # decided by the first start
         self.started = 0
 
@@ -76,10 +94,9 @@ class GenerateStream:
                 if isinstance(item, _ReaderDone):
                     reader_done = True
                 elif isinstance(item, _GenDone):
-                    self.live.pop(item.gen.request_id, None)
+                    self.live.pop(item.request_id, None)
+                    self.forwarders.pop(item.request_id, None)
                     if not self.multiplexed:
-                        if item.error is not None:
-                            await abort_with(self.context, item.error)
                         return
                 if reader_done and not self.live:
                     if self.started == 0:
@@ -90,9 +107,9 @@ class GenerateStream:
                     return
         finally:
             reader.cancel()
-            tasks = [g.task for g in self.live.values() if g.task is not None]
+            tasks = list(self.forwarders.values())
             for t in tasks:
-                t.cancel()
+                t.cancel()  # the generations detach; they are not cancelled here
             await asyncio.gather(reader, *tasks, return_exceptions=True)
 
     async def _read(self) -> None:
@@ -112,7 +129,7 @@ class GenerateStream:
                     return
         except asyncio.CancelledError:
             raise
-        except Exception:  # the transport failed; the writer side will see the RPC end
+        except Exception:  # the transport failed; the writer side sees the RPC end
             log.debug("request stream ended with an error", exc_info=True)
             return
         await self.queue.put(_READER_DONE)
@@ -121,47 +138,43 @@ class GenerateStream:
         if self.multiplexed is None:
             self.multiplexed = start.multiplexed
         elif not self.multiplexed:
-            await self.queue.put(
-                _Fatal(
-                    FailedPrecondition(
-                        "this stream carries one generation; "
-                        "set multiplexed=true on its first start"
-                    )
-                )
+            err = FailedPrecondition(
+                "this stream carries one generation; set multiplexed=true on its first start"
             )
+            await self.queue.put(_Fatal(err))
             return
         self.started += 1
-        rid = start.request_id
         try:
-            if rid in self.live:
-                raise FailedPrecondition(
-                    f"request_id {rid!r} is already live on this stream", field="request_id"
-                )
             if len(self.live) >= self.core.config.limits.max_generations_per_stream:
                 raise FailedPrecondition("too many live generations on this stream")
             gen = await self.core.prepare(start, self.context.time_remaining())
         except SluiceError as err:
-            await self._refuse(rid, err)
+            await self._refuse(start.request_id, err)
             return
         self.live[gen.request_id] = gen
-        gen.task = asyncio.create_task(self._run(gen))
+        self.core.launch(gen)
+        self.forwarders[gen.request_id] = asyncio.create_task(self._forward(gen))
 
     async def _refuse(self, request_id: str, err: SluiceError) -> None:
         """A start that never became a generation."""
         if self.multiplexed:
-            msg = convert.final_to_pb(
-                request_id, 0, FinishReason.ERROR, (0, 0, 0), (0, 0, 0), error=err
-            )
+            zero = (0, 0, 0)
+            msg = convert.final_to_pb(request_id, 0, FinishReason.ERROR, zero, zero, error=err)
             await self.queue.put(msg)
         else:
             await self.queue.put(_Fatal(err))
 
-    async def _run(self, gen: Generation) -> None:
-        error: SluiceError | None = None
-        try:
-            await gen.run(self.queue.put)
-        except SluiceError as err:
-            error = err
-            if self.multiplexed:
-                await self.queue.put(gen.final(FinishReason.ERROR, error=err))
-        await self.queue.put(_GenDone(gen, error))
+    async def _forward(self, gen: Generation) -> None:
+        if self.multiplexed:
+            async with aclosing(gen.follow(0)) as msgs:
+                async for msg in msgs:
+                    await self.queue.put(msg)
+        else:
+            try:
+                async with aclosing(follow_simple(gen, 0)) as msgs:
+                    async for msg in msgs:
+                        await self.queue.put(msg)
+            except SluiceError as err:
+                await self.queue.put(_Fatal(err))
+                return
+        await self.queue.put(_GenDone(gen.request_id))

@@ -160,7 +160,9 @@ async def test_cancel_message_mid_stream_frees_engine_slot(worker):
 async def test_rpc_cancel_aborts_engine_request(worker):
     async with grpc.aio.insecure_channel(worker.address) as ch:
         stub = pb_grpc.GenerationStub(ch)
-        call = stub.Generate(iter([start("k", max_tokens=400, ignore_eos=True)]))
+        req = start("k", max_tokens=400, ignore_eos=True)
+        req.start.detach_grace_ms = 0  # no resume wanted: abort as soon as the RPC ends
+        call = stub.Generate(iter([req]))
         n = 0
         async for _ in call:
             n += 1
@@ -352,5 +354,98 @@ async def test_drain_grace_over_ends_streams_with_unavailable():
                     pass
             assert e.value.code() == grpc.StatusCode.UNAVAILABLE
         assert w.proc.wait(15) == 0
+    finally:
+        w.kill()
+
+
+async def _read_some(stub, req, n):
+    """Open a Generate stream, read `n` messages, then drop the RPC."""
+    call = stub.Generate(iter([req]))
+    got = []
+    async for m in call:
+        got.append(m)
+        if len(got) == n:
+            break
+    call.cancel()
+    return got
+
+
+async def _resume(stub, rid, from_index):
+    return [m async for m in stub.Resume(pb.ResumeRequest(request_id=rid, from_index=from_index))]
+
+
+@pytest.mark.parametrize("cut_after", [1, 5, 20])
+async def test_dropped_stream_resumes_from_exact_index(worker, cut_after):
+    async with grpc.aio.insecure_channel(worker.address) as ch:
+        stub = pb_grpc.GenerationStub(ch)
+        whole = await collect(
+            stub.Generate(iter([start("whole", "resume me", temperature=0, max_tokens=30)]))
+        )
+        rid = f"cut-{cut_after}"
+        head = await _read_some(
+            stub, start(rid, "resume me", temperature=0, max_tokens=30), cut_after
+        )
+        tail = await _resume(stub, rid, len(head))
+    got = head + tail
+    assert [m.index for m in got] == list(range(len(got)))
+    assert "".join(m.chunk.text for m in got) == "".join(m.chunk.text for m in whole)
+    assert got[-1].final.usage.completion_tokens == 30
+
+
+async def test_resume_after_end_replays_tail_and_unknown_or_future_index_refused(worker):
+    async with grpc.aio.insecure_channel(worker.address) as ch:
+        stub = pb_grpc.GenerationStub(ch)
+        full = await collect(stub.Generate(iter([start("done-1", temperature=0, max_tokens=10)])))
+        tail = await _resume(stub, "done-1", 7)
+        assert tail == full[7:]
+        assert await _resume(stub, "done-1", len(full)) == []
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await _resume(stub, "done-1", len(full) + 1)
+        assert e.value.code() == grpc.StatusCode.OUT_OF_RANGE
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await _resume(stub, "never-started", 0)
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_live_request_id_conflict_is_refused(worker):
+    async with grpc.aio.insecure_channel(worker.address) as ch:
+        stub = pb_grpc.GenerationStub(ch)
+        call = stub.Generate(iter([start("twin", max_tokens=200, ignore_eos=True)]))
+        await call.__aiter__().__anext__()
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await collect(stub.Generate(iter([start("twin", max_tokens=5)])))
+        assert e.value.code() == grpc.StatusCode.ALREADY_EXISTS
+        call.cancel()
+
+
+async def test_detached_generation_aborts_after_grace_and_counts_waste():
+    w = start_worker(
+        "--engine",
+        "sim",
+        "--sim-token-delay",
+        "0.01",
+        "--detach-grace",
+        "0.3",
+        "--replay-retention",
+        "0.5",
+    )
+    try:
+        async with grpc.aio.insecure_channel(w.address) as ch:
+            stub = pb_grpc.GenerationStub(ch)
+            await _read_some(stub, start("gone", max_tokens=1000, ignore_eos=True), 2)
+            await asyncio.sleep(0.1)
+            s = await stub.GetStats(pb.GetStatsRequest())
+            assert s.running == 1, "still generating during the grace period"
+            await asyncio.sleep(0.5)
+            s = await stub.GetStats(pb.GetStatsRequest())
+            assert s.running == 0 and s.detach_expired_total == 1
+            assert s.wasted_tokens_total > 5
+            tail = await _resume(stub, "gone", 0)  # the log is kept for retention after the end
+            assert tail[-1].final.reason == pb.FINISH_REASON_CANCELLED
+            await asyncio.sleep(0.7)
+            with pytest.raises(grpc.aio.AioRpcError) as e:  # retention over
+                await _resume(stub, "gone", 0)
+            assert e.value.code() == grpc.StatusCode.NOT_FOUND
+            assert (await stub.GetStats(pb.GetStatsRequest())).replay_generations == 0
     finally:
         w.kill()

@@ -1,0 +1,119 @@
+"""What all streams of one worker share: engine, admission, limits, live generations,
+the replay store, the draining flag, and resume/detach counters."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import replace
+
+from generated import sluice_pb2 as pb
+from model_service import convert
+from model_service.admission import Admission
+from model_service.config import WorkerConfig
+from model_service.engines.base import Engine
+from model_service.errors import NotFound, OutOfRange, SluiceError, Unavailable
+from model_service.generation import Generation
+from model_service.replay import ReplayStore
+from model_service.validation import resolve_max_tokens, validate_request
+
+
+class WorkerCore:
+    """Shared state of one worker process."""
+
+    def __init__(self, engine: Engine, config: WorkerConfig) -> None:
+        self.engine = engine
+        self.config = config
+        self.admission = Admission(config.admission)
+        self.store = ReplayStore(config.replay.retention_s, config.replay.max_bytes)
+        self.ready = False
+        self.draining = False
+        self.live: set[Generation] = set()
+        self.resumed_total = 0
+        self.detach_expired_total = 0
+        self.wasted_tokens_total = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._seq = 0
+
+    async def prepare(self, start: pb.StartGeneration, deadline_s: float | None) -> Generation:
+        """Decode, validate, admit and tokenize a start message. Raises SluiceError."""
+        arrived = time.monotonic()
+        req = convert.request_from_pb(start)
+        if not self.ready or self.draining:
+            raise Unavailable("worker is draining" if self.draining else "engine is not ready yet")
+        model = self.engine.model_info
+        validate_request(req, model, self.config.limits)
+        if not req.request_id:
+            req.request_id = uuid.uuid4().hex
+        self.admission.admit(self.engine.stats())
+        try:
+            ids = await self.engine.tokenize(req)
+            req.prompt_token_ids = ids
+            max_tokens = resolve_max_tokens(req, model, len(ids))
+            if req.sampling.max_tokens != max_tokens:
+                req.sampling = replace(req.sampling, max_tokens=max_tokens)
+            timeout = req.timeout_s
+            if deadline_s is not None:
+                timeout = deadline_s if timeout is None else min(timeout, deadline_s)
+            gen = Generation(self, req, arrived, timeout, self._detach_grace(start))
+            gen.stamp = start.stamp_times
+            self.store.add(gen)
+        except BaseException:
+            self.admission.release()
+            raise
+        return gen
+
+    def _detach_grace(self, start: pb.StartGeneration) -> float:
+        cfg = self.config.replay
+        if start.HasField("detach_grace_ms"):
+            return min(start.detach_grace_ms / 1000, cfg.max_detach_grace_s)
+        return cfg.detach_grace_s
+
+    def engine_id(self, request_id: str) -> str:
+        """Engine-side id: unique even when a caller reuses a finished request id."""
+        self._seq += 1
+        return f"{request_id}#{self._seq}"
+
+    def launch(self, gen: Generation) -> None:
+        """Run a prepared generation in its own task (it outlives any one consumer)."""
+        self.live.add(gen)
+        self._idle.clear()
+        gen.task = asyncio.create_task(gen.run(), name=f"generation {gen.request_id}")
+
+    def finished(self, gen: Generation) -> None:
+        """Called once by every launched generation as it ends."""
+        self.live.discard(gen)
+        self.admission.release()
+        self.store.ended(gen)
+        if not self.live:
+            self._idle.set()
+
+    def find(self, request_id: str, from_index: int) -> Generation:
+        """The generation to resume, or NotFound / OutOfRange."""
+        gen = self.store.get(request_id)
+        if not isinstance(gen, Generation):
+            raise NotFound(
+                f"generation {request_id!r} is unknown or its replay log expired",
+                field="request_id",
+            )
+        if from_index > gen.index:
+            raise OutOfRange(
+                f"from_index {from_index} is past the generation's last index {gen.index - 1}",
+                field="from_index",
+            )
+        self.resumed_total += 1
+        return gen
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until no generation is live; False if `timeout` passed first."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
+
+    def abort_all(self, reason: SluiceError) -> None:
+        for gen in list(self.live):
+            gen.cancel(reason)

@@ -1,0 +1,80 @@
+"""The replay log's index: which generations can still be resumed, under a memory cap.
+
+Eviction rule: a generation is kept while it runs; once it ends, it stays resumable for
+`retention_s`, unless the log is over `max_bytes`, in which case the generations that ended
+first are dropped first. Running generations are never evicted (their size is bounded by
+admission capacity x context window).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Protocol
+
+from model_service.errors import AlreadyExists
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+
+class Replayable(Protocol):
+    request_id: str
+    ended: bool
+    log_bytes: int
+
+
+class ReplayStore:
+    """Generations by request id: live ones, then ended ones in order of ending."""
+
+    def __init__(
+        self, retention_s: float, max_bytes: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.retention_s = retention_s
+        self.max_bytes = max_bytes
+        self._clock = clock
+        self._live: dict[str, Replayable] = {}
+        self._ended: OrderedDict[str, tuple[float, Replayable]] = OrderedDict()
+        self.evicted_total = 0
+
+    def add(self, gen: Replayable) -> None:
+        """Register a new generation; a live one with the same id is a conflict."""
+        rid = gen.request_id
+        if rid in self._live:
+            raise AlreadyExists(f"request_id {rid!r} is live already", field="request_id")
+        self._ended.pop(rid, None)  # reusing a finished id replaces its log
+        self._live[rid] = gen
+
+    def ended(self, gen: Replayable) -> None:
+        """Move a generation from live to retained, then evict what is due."""
+        if self._live.get(gen.request_id) is gen:
+            del self._live[gen.request_id]
+            self._ended[gen.request_id] = (self._clock(), gen)
+        self.evict()
+
+    def get(self, request_id: str) -> Replayable | None:
+        self.evict()
+        live = self._live.get(request_id)
+        if live is not None:
+            return live
+        entry = self._ended.get(request_id)
+        return entry[1] if entry else None
+
+    def evict(self) -> None:
+        """Drop ended generations past retention, then oldest-ended while over the cap."""
+        horizon = self._clock() - self.retention_s
+        total = self.bytes()
+        while self._ended:
+            rid, (ended_at, gen) = next(iter(self._ended.items()))
+            if ended_at >= horizon and total <= self.max_bytes:
+                break
+            del self._ended[rid]
+            total -= gen.log_bytes
+            self.evicted_total += 1
+
+    def bytes(self) -> int:
+        live = sum(g.log_bytes for g in self._live.values())
+        return live + sum(g.log_bytes for _, g in self._ended.values())
+
+    def __len__(self) -> int:
+        return len(self._live) + len(self._ended)

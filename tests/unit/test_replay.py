@@ -1,0 +1,62 @@
+"""The replay store's eviction rule: retention after the end, oldest-ended first over the cap."""
+
+from dataclasses import dataclass
+
+import pytest
+
+from model_service.errors import AlreadyExists
+from model_service.replay import ReplayStore
+
+
+@dataclass(eq=False)
+class Gen:
+    request_id: str
+    log_bytes: int = 100
+    ended: bool = False
+
+
+class Clock:
+    t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_retention_after_end_then_gone():
+    clock = Clock()
+    store = ReplayStore(retention_s=10, max_bytes=10_000, clock=clock)
+    g = Gen("a")
+    store.add(g)
+    clock.t = 100  # live generations never expire
+    assert store.get("a") is g
+    store.ended(g)
+    clock.t = 109
+    assert store.get("a") is g
+    clock.t = 111
+    assert store.get("a") is None and len(store) == 0
+
+
+def test_over_cap_evicts_oldest_ended_never_live():
+    store = ReplayStore(retention_s=1000, max_bytes=250, clock=Clock())
+    live = Gen("live", log_bytes=100)
+    store.add(live)
+    first, second = Gen("first"), Gen("second")
+    for g in (first, second):
+        store.add(g)
+        store.ended(g)
+    # 300 bytes > 250: the first to end goes, the live one stays.
+    assert store.get("first") is None
+    assert store.get("second") is second and store.get("live") is live
+    assert store.evicted_total == 1
+
+
+def test_live_id_conflict_and_reuse_of_finished_id():
+    store = ReplayStore(retention_s=10, max_bytes=10_000, clock=Clock())
+    a = Gen("a")
+    store.add(a)
+    with pytest.raises(AlreadyExists):
+        store.add(Gen("a"))
+    store.ended(a)
+    b = Gen("a")
+    store.add(b)  # replaces the finished log
+    assert store.get("a") is b and len(store) == 1
