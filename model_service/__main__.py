@@ -7,16 +7,14 @@ import logging
 import sys
 
 from model_service.config import build_parser, config_from_args
+from model_service.logs import setup_logging
 from model_service.server import serve
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     config = config_from_args(args)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    setup_logging(args.log_level, args.log_format)
     try:
         asyncio.run(serve(config, args.port_file))
     except KeyboardInterrupt:

@@ -95,6 +95,14 @@ class ServerConfig:
     max_concurrent_streams: int = 1024
     keepalive_time_s: float = 30.0
     keepalive_timeout_s: float = 10.0
+    metrics_port: int | None = None  # Prometheus /metrics on this HTTP port (0 = any free)
+    # TLS: with cert and key the gRPC port speaks TLS; with a client CA as well, it
+    # requires client certificates signed by that CA (mTLS).
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_client_ca: str = ""
+    # A plaintext port serving only grpc.health.v1 (Kubernetes gRPC probes speak no TLS).
+    health_port: int | None = None
 
     def grpc_options(self) -> list[tuple[str, int]]:
         return [
@@ -133,6 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default=d.server.host)
     p.add_argument("--port", type=int, default=d.server.port, help="0 picks a free port")
     p.add_argument("--port-file", default="", help="write the bound port here once serving")
+    p.add_argument("--metrics-port", type=int, default=None, help="Prometheus HTTP port")
+    p.add_argument("--tls-cert", default="", help="PEM server certificate (enables TLS)")
+    p.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
+    p.add_argument("--tls-client-ca", default="", help="PEM CA: require client certs (mTLS)")
+    p.add_argument("--health-port", type=int, default=None, help="plaintext health-only port")
+    p.add_argument("--log-format", choices=("text", "json"), default="text")
     p.add_argument("--drain-grace", type=float, default=d.server.drain_grace_s, help="seconds")
     p.add_argument("--max-model-len", type=int, default=d.engine.max_model_len)
     p.add_argument("--max-num-seqs", type=int, default=d.engine.max_num_seqs, help="batch slots")
@@ -152,7 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sim-startup", type=float, default=d.engine.sim.startup_s)
     p.add_argument("--sim-answer-tokens", type=int, default=d.engine.sim.answer_tokens)
     p.add_argument("--sim-kv-tokens", type=int, default=d.engine.sim.kv_cache_tokens)
-    p.add_argument("--gpu-memory-utilization", type=float, default=d.engine.vllm.gpu_memory_utilization)
+    p.add_argument(
+        "--gpu-memory-utilization", type=float, default=d.engine.vllm.gpu_memory_utilization
+    )
     p.add_argument("--kv-cache-space-gb", type=float, default=None)
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--speculative-config", default=None, help="JSON for vLLM speculative decoding")
@@ -190,7 +206,16 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
     )
     return WorkerConfig(
         engine=engine,
-        server=ServerConfig(host=args.host, port=args.port, drain_grace_s=args.drain_grace),
+        server=ServerConfig(
+            host=args.host,
+            port=args.port,
+            drain_grace_s=args.drain_grace,
+            metrics_port=args.metrics_port,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            tls_client_ca=args.tls_client_ca,
+            health_port=args.health_port,
+        ),
         limits=Limits(max_prompt_bytes=args.max_prompt_bytes),
         admission=AdmissionConfig(max_waiting=args.max_waiting),
         replay=ReplayConfig(

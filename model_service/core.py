@@ -4,6 +4,7 @@ the replay store, the draining flag, and resume/detach counters."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from dataclasses import replace
@@ -15,8 +16,11 @@ from model_service.config import WorkerConfig
 from model_service.engines.base import Engine
 from model_service.errors import NotFound, OutOfRange, SluiceError, Unavailable
 from model_service.generation import Generation
+from model_service.metrics import WorkerMetrics
 from model_service.replay import ReplayStore
 from model_service.validation import resolve_max_tokens, validate_request
+
+log = logging.getLogger("sluice.worker")
 
 
 class WorkerCore:
@@ -36,8 +40,12 @@ class WorkerCore:
         self._idle = asyncio.Event()
         self._idle.set()
         self._seq = 0
+        self.metrics = WorkerMetrics()
+        self.metrics.bind(self)
 
-    async def prepare(self, start: pb.StartGeneration, deadline_s: float | None) -> Generation:
+    async def prepare(
+        self, start: pb.StartGeneration, deadline_s: float | None, trace_id: str = ""
+    ) -> Generation:
         """Decode, validate, admit and tokenize a start message. Raises SluiceError."""
         arrived = time.monotonic()
         req = convert.request_from_pb(start)
@@ -59,6 +67,7 @@ class WorkerCore:
                 timeout = deadline_s if timeout is None else min(timeout, deadline_s)
             gen = Generation(self, req, arrived, timeout, self._detach_grace(start))
             gen.stamp = start.stamp_times
+            gen.trace_id = trace_id
             self.store.add(gen)
         except BaseException:
             self.admission.release()
@@ -82,8 +91,27 @@ class WorkerCore:
         self._idle.clear()
         gen.task = asyncio.create_task(gen.run(), name=f"generation {gen.request_id}")
 
+    def refused(self, err: SluiceError, request_id: str, trace_id: str = "") -> None:
+        """A start that never became a generation."""
+        self.metrics.requests.labels(err.code.name).inc()
+        log.info(
+            "generation refused: %s",
+            err.message,
+            extra={"request_id": request_id, "trace_id": trace_id, "code": err.code.name},
+        )
+
     def finished(self, gen: Generation) -> None:
         """Called once by every launched generation as it ends."""
+        summary = gen.summary()
+        m = self.metrics
+        m.requests.labels(summary["code"]).inc()
+        m.prompt_tokens.inc(summary["prompt_tokens"])
+        m.completion_tokens.inc(summary["completion_tokens"])
+        if summary["completion_tokens"]:
+            m.ttft.observe(summary["ttft_s"])
+        m.queue.observe(summary["queue_s"])
+        m.e2e.observe(summary["total_s"])
+        log.info("generation ended: %s", summary["reason"], extra=summary)
         self.live.discard(gen)
         self.admission.release()
         self.store.ended(gen)

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from generated import sluice_pb2 as pb
 from model_service import convert
@@ -46,6 +46,7 @@ class Generation:
         self.timeout_s = timeout_s
         self.detach_grace_s = detach_grace_s
         self.stamp = False
+        self.trace_id = ""
         self.task: asyncio.Task[None] | None = None
         self.log: list[pb.GenerateResponse] = []
         self.log_bytes = 0
@@ -61,6 +62,8 @@ class Generation:
         self._cached_tokens = 0
         self._scheduled_at: float | None = None
         self._first_token_at: float | None = None
+        self._last_token_at = 0.0
+        self._reason = FinishReason.ERROR
 
     @property
     def index(self) -> int:
@@ -127,6 +130,26 @@ class Generation:
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
+    def summary(self) -> dict[str, Any]:
+        """The generation's outcome, for metrics and the per-request log record."""
+        queue_us, ttft_us, total_us = self._timing_us()
+        if self.error is not None:
+            code = self.error.code.name
+        else:
+            code = "CANCELLED" if self._reason is FinishReason.CANCELLED else "OK"
+        return {
+            "request_id": self.request_id,
+            "trace_id": self.trace_id,
+            "code": code,
+            "reason": self._reason.value,
+            "prompt_tokens": self._prompt_tokens,
+            "completion_tokens": self._completion_tokens,
+            "cached_prompt_tokens": self._cached_tokens,
+            "queue_s": queue_us / 1e6,
+            "ttft_s": ttft_us / 1e6,
+            "total_s": total_us / 1e6,
+        }
+
     def _timing_us(self) -> tuple[int, int, int]:
         now = time.monotonic()
         first = self._first_token_at or now
@@ -140,6 +163,7 @@ class Generation:
     def _final(
         self, reason: FinishReason, *, stop: str = "", error: SluiceError | None = None
     ) -> None:
+        self._reason = reason
         usage = (self._prompt_tokens, self._completion_tokens, self._cached_tokens)
         self._append(
             convert.final_to_pb(
@@ -176,6 +200,7 @@ class Generation:
         """The engine loop: returns (finish reason, stop string) or raises SluiceError."""
         engine = self.core.engine
         engine_id = self.core.engine_id(self.request_id)
+        itl = self.core.metrics.itl
         self.request.request_id = engine_id
         outputs = engine.generate(self.request)
         finished = False
@@ -188,8 +213,12 @@ class Generation:
                     self._prompt_tokens = out.prompt_tokens or self._prompt_tokens
                     self._cached_tokens = out.cached_prompt_tokens
                     if out.text or out.token_ids:
+                        now = time.monotonic()
                         if self._first_token_at is None:
-                            self._first_token_at = time.monotonic()
+                            self._first_token_at = now
+                        else:
+                            itl.observe(now - self._last_token_at)
+                        self._last_token_at = now
                         self._append(convert.chunk_to_pb(self.request_id, self.index, out))
                     if out.finish_reason is not None:
                         finished = True

@@ -23,7 +23,7 @@ from grpc_reflection.v1alpha import reflection
 
 from generated import sluice_pb2 as pb
 from generated import sluice_pb2_grpc as pb_grpc
-from model_service.config import WorkerConfig
+from model_service.config import ServerConfig, WorkerConfig
 from model_service.core import WorkerCore
 from model_service.engines import load_engine
 from model_service.errors import Unavailable
@@ -47,6 +47,9 @@ class Worker:
         self.server = grpc.aio.server(options=config.server.grpc_options())
         self.health = health.aio.HealthServicer()
         self.port = 0
+        self.health_port = 0
+        self.metrics_port = 0
+        self.health_server: grpc.aio.Server | None = None
         self._stop = asyncio.Event()
         pb_grpc.add_GenerationServicer_to_server(GenerationServicer(self.core), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -61,10 +64,33 @@ class Worker:
     async def start(self) -> None:
         """Listen at once (NOT_SERVING), then load the engine and turn SERVING."""
         cfg = self.config.server
-        self.port = self.server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+        address = f"{cfg.host}:{cfg.port}"
+        creds = server_credentials(cfg)
+        if creds is None:
+            self.port = self.server.add_insecure_port(address)
+        else:
+            self.port = self.server.add_secure_port(address, creds)
         await self._set_health(NOT_SERVING)
         await self.server.start()
-        log.info("listening on %s:%d (NOT_SERVING until the engine is ready)", cfg.host, self.port)
+        if cfg.health_port is not None:
+            self.health_server = grpc.aio.server()
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, self.health_server)
+            self.health_port = self.health_server.add_insecure_port(f"{cfg.host}:{cfg.health_port}")
+            await self.health_server.start()
+        if cfg.metrics_port is not None:
+            self.metrics_port = self.core.metrics.serve(cfg.host, cfg.metrics_port)
+        tls = "mTLS" if cfg.tls_client_ca else "TLS" if creds else "plaintext"
+        log.info(
+            "listening on %s:%d (%s; NOT_SERVING until the engine is ready)",
+            cfg.host,
+            self.port,
+            tls,
+            extra={
+                "port": self.port,
+                "health_port": self.health_port,
+                "metrics_port": self.metrics_port,
+            },
+        )
 
     async def load_engine(self) -> None:
         await self.engine.start()
@@ -93,8 +119,25 @@ class Worker:
             )
             await self.core.wait_idle(FINAL_FLUSH_S)
         await self.server.stop(FINAL_FLUSH_S)
+        if self.health_server is not None:
+            await self.health_server.stop(0)
         await self.engine.stop()
         log.info("stopped")
+
+
+def server_credentials(cfg: ServerConfig) -> grpc.ServerCredentials | None:
+    """TLS (and mTLS with a client CA) credentials from PEM files, or None for plaintext."""
+    if not cfg.tls_cert and not cfg.tls_key:
+        if cfg.tls_client_ca:
+            raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
+        return None
+    if not (cfg.tls_cert and cfg.tls_key):
+        raise ValueError("TLS needs both --tls-cert and --tls-key")
+    key, cert = Path(cfg.tls_key).read_bytes(), Path(cfg.tls_cert).read_bytes()
+    ca = Path(cfg.tls_client_ca).read_bytes() if cfg.tls_client_ca else None
+    return grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
+    )
 
 
 def write_port_file(path: str, port: int) -> None:

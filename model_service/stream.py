@@ -22,6 +22,7 @@ from model_service import convert
 from model_service.core import WorkerCore
 from model_service.errors import FailedPrecondition, InvalidArgument, SluiceError
 from model_service.generation import CLIENT_CANCEL, Generation
+from model_service.logs import trace_id
 from model_service.status import abort_with
 from model_service.types import FinishReason
 
@@ -77,6 +78,7 @@ class GenerateStream:
         self.live: dict[str, Generation] = {}
         self.forwarders: dict[str, asyncio.Task[None]] = {}
         self.multiplexed: bool | None = None  # decided by the first start
+        self.trace_id = trace_id(context.invocation_metadata())
         self.started = 0
 
     async def responses(self) -> AsyncIterator[pb.GenerateResponse]:
@@ -147,8 +149,9 @@ class GenerateStream:
         try:
             if len(self.live) >= self.core.config.limits.max_generations_per_stream:
                 raise FailedPrecondition("too many live generations on this stream")
-            gen = await self.core.prepare(start, self.context.time_remaining())
+            gen = await self.core.prepare(start, self.context.time_remaining(), self.trace_id)
         except SluiceError as err:
+            self.core.refused(err, start.request_id, self.trace_id)
             await self._refuse(start.request_id, err)
             return
         self.live[gen.request_id] = gen
