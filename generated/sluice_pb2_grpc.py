@@ -71,6 +71,9 @@ class GenerationServicer:
 
         Simple case: the client sends one `start`, reads chunks until the message with
         `final`, and half-closes. A failure of that generation ends the RPC with its status.
+        Once the generation is accepted (validated, admitted), the worker sends initial
+        metadata `x-sluice-request-id: <request_id>`, before the first token: a caller can
+        wait for it, drop the RPC, and follow the generation with `Resume` instead.
 
         Multiplexed case: the first `start` sets `multiplexed = true`; the stream then carries
         any number of concurrent generations keyed by `request_id`, each may be cancelled by a

@@ -29,6 +29,7 @@ from model_service.types import FinishReason
 log = logging.getLogger("sluice.worker")
 
 QUEUE_SIZE = 256
+ACCEPTED_KEY = "x-sluice-request-id"
 ERROR = pb.FINISH_REASON_ERROR
 
 
@@ -156,6 +157,10 @@ class GenerateStream:
             return
         self.live[gen.request_id] = gen
         self.core.launch(gen)
+        if not self.multiplexed:
+            # Tells the caller the generation was accepted before any token exists: a
+            # caller may then drop the RPC and `Resume` later (within the detach grace).
+            await self.context.send_initial_metadata(((ACCEPTED_KEY, gen.request_id),))
         self.forwarders[gen.request_id] = asyncio.create_task(self._forward(gen))
 
     async def _refuse(self, request_id: str, err: SluiceError) -> None:

@@ -449,3 +449,24 @@ async def test_detached_generation_aborts_after_grace_and_counts_waste():
             assert (await stub.GetStats(pb.GetStatsRequest())).replay_generations == 0
     finally:
         w.kill()
+
+
+async def test_accepted_metadata_then_drop_then_resume_whole_generation(worker):
+    """Start, wait only for acceptance, drop the RPC; Resume from 0 gets everything."""
+    async with grpc.aio.insecure_channel(worker.address) as ch:
+        stub = pb_grpc.GenerationStub(ch)
+        whole = await collect(
+            stub.Generate(iter([start("w2", "handoff", temperature=0, max_tokens=20)]))
+        )
+        call = stub.Generate(iter([start("handoff-1", "handoff", temperature=0, max_tokens=20)]))
+        md = await call.initial_metadata()
+        assert dict(md)["x-sluice-request-id"] == "handoff-1"
+        call.cancel()
+        got = await _resume(stub, "handoff-1", 0)
+        assert [m.index for m in got] == list(range(len(got)))
+        assert "".join(m.chunk.text for m in got) == "".join(m.chunk.text for m in whole)
+        # A refused start sends no acceptance: the status comes instead.
+        bad = stub.Generate(iter([start("handoff-2", top_p=9.0)]))
+        with pytest.raises(grpc.aio.AioRpcError):
+            await collect(bad)
+        assert "x-sluice-request-id" not in dict(await bad.initial_metadata())
