@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from generated import sluice_pb2 as pb
 from model_service import convert
 from model_service.errors import DeadlineExceeded, EngineError, SluiceError
-from model_service.types import FinishReason, GenerationRequest
+from model_service.types import EngineOutput, FinishReason, GenerationRequest
 
 if TYPE_CHECKING:
     from model_service.core import WorkerCore
@@ -54,6 +54,8 @@ class Generation:
         self.error: SluiceError | None = None
         self.subscribers = 0
         self._changed = asyncio.Event()
+        self._waited = False
+        self._taken = -1  # highest log index any consumer has taken (immutable from then)
         self._detach_timer: asyncio.TimerHandle | None = None
         self._tokens_at_detach = 0
         self._cancel_reason: str | SluiceError | None = None
@@ -79,14 +81,18 @@ class Generation:
             self._detach_timer.cancel()
             self._detach_timer = None
         i = from_index
+        log = self.log
         try:
             while True:
                 changed = self._changed
-                while i < len(self.log):
-                    yield self.log[i]
+                while i < len(log):
+                    if i > self._taken:
+                        self._taken = i  # from now on this message is immutable
+                    yield log[i]
                     i += 1
                 if self.ended:
                     return
+                self._waited = True
                 await changed.wait()
         finally:
             self.subscribers -= 1
@@ -121,14 +127,31 @@ class Generation:
         if self.stamp:
             msg.worker_time_ns = time.time_ns()
         self.log.append(msg)
-        if msg.HasField("chunk"):
-            self.log_bytes += (
-                MSG_OVERHEAD_BYTES + len(msg.chunk.text) + 4 * len(msg.chunk.token_ids)
-            )
-        else:
-            self.log_bytes += MSG_OVERHEAD_BYTES * 4
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
+        self.log_bytes += MSG_OVERHEAD_BYTES * 4
+        self._wake()
+
+    def _append_tokens(self, out: EngineOutput) -> None:
+        """Add a token delta: merged into the last chunk while no consumer has taken it
+        (tokens that are ready together travel in one message), else a new chunk."""
+        self.log_bytes += len(out.text) + 4 * len(out.token_ids)
+        last = len(self.log) - 1
+        if last > self._taken and self.log[last].HasField("chunk") and not out.logprobs:
+            chunk = self.log[last].chunk
+            chunk.text += out.text
+            chunk.token_ids.extend(out.token_ids)
+            return
+        msg = convert.chunk_to_pb(self.request_id, len(self.log), out)
+        if self.stamp:
+            msg.worker_time_ns = time.time_ns()
+        self.log.append(msg)
+        self.log_bytes += MSG_OVERHEAD_BYTES
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waited:  # only pay for a new Event when a consumer waits on this one
+            self._waited = False
+            changed, self._changed = self._changed, asyncio.Event()
+            changed.set()
 
     def summary(self) -> dict[str, Any]:
         """The generation's outcome, for metrics and the per-request log record."""
@@ -219,7 +242,7 @@ class Generation:
                         else:
                             itl.observe(now - self._last_token_at)
                         self._last_token_at = now
-                        self._append(convert.chunk_to_pb(self.request_id, self.index, out))
+                        self._append_tokens(out)
                     if out.finish_reason is not None:
                         finished = True
                         return out.finish_reason, out.stop_sequence

@@ -28,7 +28,9 @@ from model_service.types import FinishReason
 
 log = logging.getLogger("sluice.worker")
 
-QUEUE_SIZE = 256
+# Small, so that a lagging multiplexed client leaves tokens in the generations' logs,
+# where they merge into fewer, larger messages.
+QUEUE_SIZE = 16
 ACCEPTED_KEY = "x-sluice-request-id"
 ERROR = pb.FINISH_REASON_ERROR
 
@@ -48,7 +50,7 @@ class _ReaderDone:
 
 
 _READER_DONE = _ReaderDone()
-_Item = pb.GenerateResponse | _GenDone | _Fatal | _ReaderDone
+_Item = pb.GenerateResponse | Generation | _GenDone | _Fatal | _ReaderDone
 
 
 async def follow_simple(
@@ -94,13 +96,21 @@ class GenerateStream:
                     continue
                 if isinstance(item, _Fatal):
                     await abort_with(self.context, item.error)
+                if isinstance(item, Generation):
+                    # Simple mode: the writer follows the one generation's log itself, so
+                    # tokens produced while a write is in flight merge into one message.
+                    try:
+                        async with aclosing(follow_simple(item, 0)) as msgs:
+                            async for msg in msgs:
+                                yield msg
+                    except SluiceError as err:
+                        await abort_with(self.context, err)
+                    return
                 if isinstance(item, _ReaderDone):
                     reader_done = True
                 elif isinstance(item, _GenDone):
                     self.live.pop(item.request_id, None)
                     self.forwarders.pop(item.request_id, None)
-                    if not self.multiplexed:
-                        return
                 if reader_done and not self.live:
                     if self.started == 0:
                         await abort_with(
@@ -144,7 +154,10 @@ class GenerateStream:
             err = FailedPrecondition(
                 "this stream carries one generation; set multiplexed=true on its first start"
             )
-            await self.queue.put(_Fatal(err))
+            for gen in self.live.values():
+                gen.cancel(err)
+            if not self.live:
+                await self.queue.put(_Fatal(err))
             return
         self.started += 1
         try:
@@ -157,11 +170,13 @@ class GenerateStream:
             return
         self.live[gen.request_id] = gen
         self.core.launch(gen)
-        if not self.multiplexed:
+        if self.multiplexed:
+            self.forwarders[gen.request_id] = asyncio.create_task(self._forward(gen))
+        else:
             # Tells the caller the generation was accepted before any token exists: a
             # caller may then drop the RPC and `Resume` later (within the detach grace).
             await self.context.send_initial_metadata(((ACCEPTED_KEY, gen.request_id),))
-        self.forwarders[gen.request_id] = asyncio.create_task(self._forward(gen))
+            await self.queue.put(gen)
 
     async def _refuse(self, request_id: str, err: SluiceError) -> None:
         """A start that never became a generation."""
@@ -173,16 +188,8 @@ class GenerateStream:
             await self.queue.put(_Fatal(err))
 
     async def _forward(self, gen: Generation) -> None:
-        if self.multiplexed:
-            async with aclosing(gen.follow(0)) as msgs:
-                async for msg in msgs:
-                    await self.queue.put(msg)
-        else:
-            try:
-                async with aclosing(follow_simple(gen, 0)) as msgs:
-                    async for msg in msgs:
-                        await self.queue.put(msg)
-            except SluiceError as err:
-                await self.queue.put(_Fatal(err))
-                return
+        """Multiplexed mode: one generation's log into the shared writer queue."""
+        async with aclosing(gen.follow(0)) as msgs:
+            async for msg in msgs:
+                await self.queue.put(msg)
         await self.queue.put(_GenDone(gen.request_id))
