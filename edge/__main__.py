@@ -1,0 +1,108 @@
+"""CLI: `python -m edge --worker localhost:50051 --port 8000` (console script `sluice-edge`).
+
+Shutdown order (SIGTERM/SIGINT): /readyz turns 503 (draining), uvicorn stops accepting,
+in-flight streams get `--drain-grace` seconds to finish (then they are cancelled, which
+cancels their gRPC calls), then the channels to the workers close.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+from types import FrameType
+
+import uvicorn
+from uvicorn.supervisors import Multiprocess
+
+from edge.app import create_app
+from edge.config import ENV_VAR, EdgeConfig, build_parser, config_from_args
+from edge.handlers import EdgeState
+
+log = logging.getLogger("sluice.edge")
+
+
+class EdgeServer(uvicorn.Server):
+    """uvicorn's server, plus: the port file once listening, /readyz 503 while draining."""
+
+    def __init__(
+        self, config: uvicorn.Config, edge: EdgeConfig, state: EdgeState, port: int
+    ) -> None:
+        super().__init__(config)
+        self.edge = edge
+        self.state = state
+        self.port = port
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self.edge.port_file:
+            write_port_file(self.edge.port_file, self.port)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        """Drain (see the module docstring). Unlike uvicorn's own, the signal is not raised
+        again after the drain: a graceful stop exits 0."""
+        self.state.draining = True
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True  # a second Ctrl-C: stop waiting for streams
+        self.should_exit = True
+
+
+def write_port_file(path: str, port: int) -> None:
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text(str(port))
+    os.replace(tmp, path)
+
+
+def bind(host: str, port: int, sndbuf: int = 0) -> socket.socket:
+    """Bind before uvicorn starts, so port 0 is known and worker processes can share it.
+    Accepted connections inherit the listening socket's SO_SNDBUF."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if sndbuf > 0:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def uvicorn_config(app: object, edge: EdgeConfig, **extra: object) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,  # type: ignore[arg-type]
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        access_log=edge.access_log,
+        log_level=edge.log_level,
+        timeout_graceful_shutdown=int(edge.drain_grace_s) or 1,
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    edge = config_from_args(build_parser().parse_args(argv))
+    logging.basicConfig(
+        level=edge.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    sock = bind(edge.host, edge.port, edge.socket_sndbuf)
+    port = sock.getsockname()[1]
+    if edge.processes > 1:
+        # Each process builds its own app (own channels, own metrics) from the environment.
+        os.environ[ENV_VAR] = edge.to_env()
+        config = uvicorn_config("edge.app:app_from_env", edge, factory=True, workers=edge.processes)
+        if edge.port_file:
+            write_port_file(edge.port_file, port)  # the listening socket queues until they accept
+        Multiprocess(config, sockets=[sock]).run()
+        return 0
+    state = EdgeState(edge)
+    server = EdgeServer(uvicorn_config(create_app(edge, state), edge), edge, state, port)
+    server.run(sockets=[sock])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

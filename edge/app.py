@@ -1,0 +1,59 @@
+"""The Starlette application: routes, error handlers, metrics, and the worker set's life."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.routing import Route
+
+from edge import handlers
+from edge.config import EdgeConfig
+from edge.errors import ApiError
+from edge.handlers import EdgeState
+from edge.metrics import ASGIApp, MetricsMiddleware
+from edge.upstream import WorkerSet, channel_options
+
+ROUTES = (
+    Route("/v1/chat/completions", handlers.chat_completions, methods=["POST"]),
+    Route("/v1/completions", handlers.completions, methods=["POST"]),
+    Route("/v1/models", handlers.list_models, methods=["GET"]),
+    Route("/healthz", handlers.healthz, methods=["GET"]),
+    Route("/readyz", handlers.readyz, methods=["GET"]),
+    Route("/metrics", handlers.metrics, methods=["GET"]),
+)
+
+
+def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
+    """The edge as an ASGI app. Channels to workers open at startup, close at shutdown
+    (after uvicorn has drained the in-flight streams)."""
+    state = state or EdgeState(config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        state.workers = WorkerSet(config.workers, channel_options(config.keepalive_s))
+        state.workers.start()
+        try:
+            yield
+        finally:
+            await state.workers.close()
+
+    app = Starlette(
+        routes=list(ROUTES),
+        exception_handlers={
+            ApiError: handlers.on_api_error,
+            HTTPException: handlers.on_http_error,
+            Exception: handlers.on_unexpected,
+        },
+        lifespan=lifespan,
+    )
+    app.state.edge = state
+    # Outermost, so even the 500s of Starlette's error middleware are counted.
+    return MetricsMiddleware(app, state.metrics, frozenset(r.path for r in ROUTES))
+
+
+def app_from_env() -> ASGIApp:
+    """Factory for uvicorn worker processes (`--workers N`): config from the environment."""
+    return create_app(EdgeConfig.from_env())

@@ -1,0 +1,315 @@
+"""OpenAI request bodies: parsing, validation before the 200, and conversion to the contract.
+
+`parse_chat` / `parse_completion` take the decoded JSON body and return a `GenRequest` or
+raise `ApiError` (400) naming the offending parameter in `param`. Checks that need the
+model (context window, tokenization) stay with the worker, whose INVALID_ARGUMENT comes
+back through `edge.errors` with the field mapped to the OpenAI name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import orjson
+
+from edge.errors import ApiError, invalid
+from generated import sluice_pb2 as pb
+
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+MAX_STOP = 16  # the contract's limit
+MAX_TOP_LOGPROBS = 20
+UINT32_MAX = 2**32 - 1
+UINT64_MASK = 2**64 - 1
+MAX_MODEL_NAME = 256
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for /v1/completions
+# Parameters we cannot honour: refused when set to anything but their "off" value, so a
+# client never silently gets a different behaviour than it asked for.
+_UNSUPPORTED_CHAT = ("tools", "functions", "tool_choice", "logit_bias", "audio", "modalities")
+_UNSUPPORTED_COMPLETION = ("suffix", "logit_bias")
+
+Kind = Literal["chat", "completion"]
+
+
+@dataclass(slots=True)
+class GenRequest:
+    """A validated OpenAI request, in the contract's terms."""
+
+    kind: Kind
+    model: str = ""
+    messages: list[tuple[str, str]] | None = None
+    prompt: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    logprobs: int | None = None  # top alternatives per token; None = no logprobs
+    stream: bool = False
+    include_usage: bool = False
+    user: str | None = None
+
+    def to_start(
+        self, request_id: str, *, timeout_ms: int = 0, detach_grace_ms: int = 0
+    ) -> pb.StartGeneration:
+        """The contract's StartGeneration for this request (simple mode).
+
+        `detach_grace_ms` = 0: when the RPC ends early (the HTTP client left) the worker
+        aborts the generation at once instead of keeping it for a `Resume`.
+        """
+        sp = pb.SamplingParams(
+            stop=self.stop,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            n=1,
+            ignore_eos=self.ignore_eos,
+            min_tokens=self.min_tokens,
+        )
+        for name in (
+            "max_tokens",
+            "temperature",
+            "top_p",
+            "top_k",
+            "seed",
+            "repetition_penalty",
+            "logprobs",
+        ):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(sp, name, value)
+        start = pb.StartGeneration(
+            request_id=request_id,
+            model=self.model,
+            sampling=sp,
+            timeout_ms=timeout_ms,
+            detach_grace_ms=detach_grace_ms,
+        )
+        if self.messages is not None:
+            start.chat.messages.extend(pb.ChatMessage(role=r, content=c) for r, c in self.messages)
+        else:
+            start.prompt = self.prompt or ""
+        return start
+
+
+def decode_body(raw: bytes) -> dict[str, Any]:
+    """The JSON object of a request body, or a 400."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise invalid(None, f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise invalid(None, "request body must be a JSON object")
+    return body
+
+
+# -- field readers: each returns the value or raises a 400 naming the field --------------
+
+
+def _int(body: dict[str, Any], name: str, lo: int, hi: int) -> int | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        else:
+            raise invalid(name, f"'{name}' must be an integer")
+    if not lo <= v <= hi:
+        raise invalid(name, f"'{name}' must be between {lo} and {hi}, got {v}")
+    return v
+
+
+def _num(
+    body: dict[str, Any], name: str, lo: float, hi: float, *, lo_open: bool = False
+) -> float | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise invalid(name, f"'{name}' must be a number")
+    if v < lo or v > hi or (lo_open and v == lo):
+        bracket = "(" if lo_open else "["
+        raise invalid(name, f"'{name}' must be in {bracket}{lo:g}, {hi:g}], got {v}")
+    return float(v)
+
+
+def _bool(body: dict[str, Any], name: str) -> bool | None:
+    v = body.get(name)
+    if v is None or isinstance(v, bool):
+        return v
+    raise invalid(name, f"'{name}' must be a boolean")
+
+
+def _str(body: dict[str, Any], name: str, max_len: int) -> str | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        raise invalid(name, f"'{name}' must be a string")
+    if len(v) > max_len:
+        raise invalid(name, f"'{name}' is longer than {max_len} characters")
+    return v
+
+
+def _stop(body: dict[str, Any]) -> list[str]:
+    v = body.get("stop")
+    if v is None:
+        return []
+    stops = [v] if isinstance(v, str) else v
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise invalid("stop", "'stop' must be a string or a list of strings")
+    if len(stops) > MAX_STOP:
+        raise invalid("stop", f"'stop' has more than {MAX_STOP} strings")
+    if any(s == "" for s in stops):
+        raise invalid("stop", "'stop' strings must not be empty")
+    return stops
+
+
+def _refuse_unsupported(body: dict[str, Any], names: tuple[str, ...]) -> None:
+    for name in names:
+        if body.get(name):
+            raise invalid(name, f"'{name}' is not supported by this server")
+
+
+def _common(body: dict[str, Any], req: GenRequest) -> None:
+    """Fields shared by both endpoints."""
+    req.model = _str(body, "model", MAX_MODEL_NAME) or ""
+    req.temperature = _num(body, "temperature", 0.0, 2.0)
+    req.top_p = _num(body, "top_p", 0.0, 1.0, lo_open=True)
+    top_k = _int(body, "top_k", -1, 2**31 - 1)
+    req.top_k = None if top_k is None or top_k <= 0 else top_k  # -1 and 0 both mean off
+    seed = _int(body, "seed", -(2**63), UINT64_MASK)
+    req.seed = None if seed is None else seed & UINT64_MASK
+    req.stop = _stop(body)
+    req.presence_penalty = _num(body, "presence_penalty", -2.0, 2.0) or 0.0
+    req.frequency_penalty = _num(body, "frequency_penalty", -2.0, 2.0) or 0.0
+    req.repetition_penalty = _num(body, "repetition_penalty", 0.0, 100.0, lo_open=True)
+    req.min_tokens = _int(body, "min_tokens", 0, UINT32_MAX) or 0
+    req.ignore_eos = bool(_bool(body, "ignore_eos"))
+    n = _int(body, "n", 1, 128)
+    if n is not None and n != 1:
+        raise invalid("n", "only n = 1 is supported")
+    best_of = _int(body, "best_of", 1, 128)
+    if best_of is not None and best_of != 1:
+        raise invalid("best_of", "only best_of = 1 is supported")
+    req.user = _str(body, "user", 256)
+    req.stream = bool(_bool(body, "stream"))
+    opts = body.get("stream_options")
+    if opts is not None:
+        if not req.stream:
+            raise invalid(
+                "stream_options", "'stream_options' is only allowed when 'stream' is true"
+            )
+        if not isinstance(opts, dict):
+            raise invalid("stream_options", "'stream_options' must be an object")
+        include = opts.get("include_usage")
+        if include is not None and not isinstance(include, bool):
+            raise invalid("stream_options.include_usage", "'include_usage' must be a boolean")
+        req.include_usage = bool(include)
+
+
+def _content(msg: dict[str, Any], i: int) -> str:
+    content = msg.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise invalid(f"messages[{i}].content", "content must be a string or a list of parts")
+    texts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") != "text":
+            raise invalid(f"messages[{i}].content[{j}]", "only text content parts are supported")
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise invalid(f"messages[{i}].content[{j}].text", "text must be a string")
+        texts.append(text)
+    return "\n".join(texts)
+
+
+def _messages(body: dict[str, Any]) -> list[tuple[str, str]]:
+    messages = body.get("messages")
+    if messages is None:
+        raise invalid("messages", "'messages' is required")
+    if not isinstance(messages, list) or not messages:
+        raise invalid("messages", "'messages' must be a non-empty list")
+    out = []
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict):
+            raise invalid(f"messages[{i}]", "each message must be an object")
+        role = msg.get("role")
+        if role not in ROLES:
+            raise invalid(f"messages[{i}].role", f"role must be one of {sorted(ROLES)}")
+        out.append((role, _content(msg, i)))
+    return out
+
+
+def parse_chat(body: dict[str, Any]) -> GenRequest:
+    """A /v1/chat/completions body -> GenRequest, or a 400."""
+    _refuse_unsupported(body, _UNSUPPORTED_CHAT)
+    fmt = body.get("response_format")
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        raise invalid("response_format", "only response_format {'type': 'text'} is supported")
+    req = GenRequest(kind="chat", messages=_messages(body))
+    _common(body, req)
+    mct = _int(body, "max_completion_tokens", 1, UINT32_MAX)
+    req.max_tokens = mct if mct is not None else _int(body, "max_tokens", 1, UINT32_MAX)
+    logprobs = _bool(body, "logprobs")
+    top = _int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    if top is not None and not logprobs:
+        raise invalid("top_logprobs", "'top_logprobs' needs 'logprobs' set to true")
+    req.logprobs = (top or 0) if logprobs else None
+    return req
+
+
+def _prompt(body: dict[str, Any]) -> str:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if prompt is None:
+        raise invalid("prompt", "'prompt' is required")
+    if isinstance(prompt, list):
+        raise invalid(
+            "prompt", "'prompt' must be one string (batches and token ids are not supported)"
+        )
+    if not isinstance(prompt, str):
+        raise invalid("prompt", "'prompt' must be a string")
+    if not prompt:
+        raise invalid("prompt", "'prompt' must not be empty")
+    return prompt
+
+
+def parse_completion(body: dict[str, Any]) -> GenRequest:
+    """A /v1/completions body -> GenRequest, or a 400."""
+    _refuse_unsupported(body, _UNSUPPORTED_COMPLETION)
+    if _bool(body, "echo"):
+        raise invalid("echo", "'echo' is not supported by this server")
+    req = GenRequest(kind="completion", prompt=_prompt(body))
+    _common(body, req)
+    max_tokens = _int(body, "max_tokens", 1, UINT32_MAX)
+    req.max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
+    req.logprobs = _int(body, "logprobs", 0, MAX_TOP_LOGPROBS)
+    return req
+
+
+def parse(kind: Kind, raw: bytes) -> GenRequest:
+    """Decode and validate a request body for one endpoint."""
+    body = decode_body(raw)
+    return parse_chat(body) if kind == "chat" else parse_completion(body)
+
+
+__all__ = [
+    "ApiError",
+    "GenRequest",
+    "Kind",
+    "decode_body",
+    "parse",
+    "parse_chat",
+    "parse_completion",
+]

@@ -1,0 +1,116 @@
+"""Server-sent events encoding: pure functions from values to wire bytes.
+
+Transport lives elsewhere (`edge.stream`); this module only frames. The encoder is safe
+for any string: a CR, LF or CRLF inside `data` starts a new `data:` line (the client joins
+them back with LF) rather than a new field or event, a NUL becomes U+FFFD (some parsers
+stop at it), and every line written starts with a field name, so model output that begins
+with `:` or a field name is still data. `id` and `event` values are ours, never model
+output: a line break or NUL in them is a programming error (ValueError).
+"""
+
+from __future__ import annotations
+
+import re
+
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+_FORBIDDEN_IN_FIELD = re.compile(r"[\r\n\0]")
+REPLACEMENT = "\ufffd"
+
+
+def _lines(text: str) -> list[str]:
+    """Split on every SSE line terminator (CRLF, CR, LF); NULs replaced."""
+    if "\0" in text:
+        text = text.replace("\0", REPLACEMENT)
+    return _LINE_BREAK.split(text)
+
+
+def _check_field(name: str, value: str) -> None:
+    if _FORBIDDEN_IN_FIELD.search(value):
+        raise ValueError(f"SSE {name} must not contain CR, LF or NUL: {value!r}")
+
+
+def encode_event(
+    data: str | None = None,
+    *,
+    event: str | None = None,
+    id: str | None = None,
+    retry_ms: int | None = None,
+) -> bytes:
+    """One event: optional `event:`, `id:`, `retry:` fields, data lines, blank line.
+
+    `data=None` writes no data line; an event without data is not dispatched by clients,
+    so it only sets `id`/`retry`. `data=""` is an event with empty data.
+    """
+    parts: list[str] = []
+    if event is not None:
+        _check_field("event", event)
+        parts.append(f"event: {event}\n")
+    if id is not None:
+        _check_field("id", id)
+        parts.append(f"id: {id}\n")
+    if retry_ms is not None:
+        if isinstance(retry_ms, bool) or not isinstance(retry_ms, int) or retry_ms < 0:
+            raise ValueError(f"SSE retry must be a non-negative int: {retry_ms!r}")
+        parts.append(f"retry: {retry_ms}\n")
+    if data is not None:
+        # Always "data: " with one space: the client strips exactly one leading space,
+        # so data that itself begins with a space keeps it.
+        parts.extend(f"data: {line}\n" for line in _lines(data))
+    parts.append("\n")
+    return "".join(parts).encode("utf-8", "replace")
+
+
+def encode_data(data: bytes, *, id: bytes, event: bytes | None = None) -> bytes:
+    """Fast path for one-line payloads already in bytes (JSON from orjson): no scan copy.
+
+    JSON encoders escape control characters, so the payload is one line; it is still
+    checked (a byte search, not a copy) and anything else falls back to `encode_event`.
+    """
+    if b"\n" in data or b"\r" in data or b"\0" in data or b"\n" in id or b"\r" in id:
+        return encode_event(
+            data.decode("utf-8", "replace"),
+            id=id.decode("utf-8", "replace"),
+            event=event.decode("utf-8", "replace") if event is not None else None,
+        )
+    head = b"event: " + event + b"\nid: " if event is not None else b"id: "
+    return head + id + b"\ndata: " + data + b"\n\n"
+
+
+def encode_comment(text: str = "") -> bytes:
+    """A comment (heartbeat): ignored by clients, keeps proxies and idle timers alive.
+
+    A comment cannot dispatch an event: it is written only between events, when the
+    client's data buffer is empty, and every line of it starts with `:`.
+    """
+    return "".join(f": {line}\n" for line in _lines(text)).encode("utf-8", "replace") + b"\n"
+
+
+def parse_events(raw: bytes) -> list[dict[str, str]]:
+    """Decode a complete SSE byte stream the way a browser does (for tests and tools).
+
+    Returns one dict per dispatched event with `data` and, when set, `event`, `id`,
+    `retry`; comments are returned as {"comment": text}.
+    """
+    events: list[dict[str, str]] = []
+    text = raw.decode("utf-8", "replace")
+    current: dict[str, str] = {}
+    data: list[str] = []
+    for line in _LINE_BREAK.split(text):
+        if line == "":
+            if data:
+                current["data"] = "\n".join(data)
+                events.append(current)
+            current, data = {}, []
+            continue
+        if line.startswith(":"):
+            events.append({"comment": line[1:].removeprefix(" ")})
+            continue
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if name == "data":
+            data.append(value)
+        elif name in ("event", "retry"):
+            current[name] = value
+        elif name == "id" and "\0" not in value:
+            current["id"] = value
+    return events
