@@ -16,7 +16,7 @@ import grpc
 import orjson
 
 RETRY_AFTER_KEY = "retry-after-ms"
-FIELD_KEY = "field"
+FIELD_KEY = "x-sluice-field"
 # The worker writes INVALID_ARGUMENT messages as "<field path>: <why>".
 _FIELD_PREFIX = re.compile(r"^([a-z_]+(?:\.[a-z_]+|\[\d+\])*): ")
 # Details written by the gRPC library itself (not the worker) about the connection.

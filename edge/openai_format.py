@@ -32,18 +32,10 @@ def _token(text: str, logprob: float) -> dict[str, Any]:
 
 
 def logprob_entries(chunk: pb.TokenChunk) -> list[dict[str, Any]]:
-    """Chat-style logprob entries of a chunk, one per token.
-
-    The contract carries no text for the sampled token: it is taken from the alternatives
-    when it is among them, else from the chunk's text when the chunk is one token.
-    """
+    """Chat-style logprob entries of a chunk, one per token."""
     out = []
-    single = len(chunk.logprobs) == 1
     for lp in chunk.logprobs:
-        text = next((t.text for t in lp.top if t.token_id == lp.token_id), None)
-        if text is None:
-            text = chunk.text if single else ""
-        entry = _token(text, lp.logprob)
+        entry = _token(lp.text, lp.logprob)
         entry["top_logprobs"] = [_token(t.text, t.logprob) for t in lp.top]
         out.append(entry)
     return out

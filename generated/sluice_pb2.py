@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16generated/sluice.proto\x12\tsluice.v1\"w\n\x0fGenerateRequest\x12+\n\x05start\x18\x01 \x01(\x0b\x32\x1a.sluice.v1.StartGenerationH\x00\x12-\n\x06\x63\x61ncel\x18\x02 \x01(\x0b\x32\x1b.sluice.v1.CancelGenerationH\x00\x42\x08\n\x06\x61\x63tion\"\x92\x02\n\x0fStartGeneration\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12$\n\x04\x63hat\x18\x03 \x01(\x0b\x32\x14.sluice.v1.ChatInputH\x00\x12\x10\n\x06prompt\x18\x04 \x01(\tH\x00\x12+\n\x08sampling\x18\x05 \x01(\x0b\x32\x19.sluice.v1.SamplingParams\x12\x12\n\ntimeout_ms\x18\x06 \x01(\r\x12\x13\n\x0bmultiplexed\x18\x07 \x01(\x08\x12\x13\n\x0bstamp_times\x18\x08 \x01(\x08\x12\x1c\n\x0f\x64\x65tach_grace_ms\x18\t \x01(\rH\x01\x88\x01\x01\x42\x07\n\x05inputB\x12\n\x10_detach_grace_ms\"s\n\tChatInput\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.sluice.v1.ChatMessage\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x18\n\x16_add_generation_prompt\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x8c\x03\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x18\n\x10presence_penalty\x18\x07 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x08 \x01(\x02\x12\t\n\x01n\x18\t \x01(\r\x12\x15\n\x08logprobs\x18\n \x01(\rH\x05\x88\x01\x01\x12\x12\n\nignore_eos\x18\x0b \x01(\x08\x12\x12\n\nmin_tokens\x18\x0c \x01(\r\x12\x1f\n\x12repetition_penalty\x18\r \x01(\x02H\x06\x88\x01\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\x0b\n\t_logprobsB\x15\n\x13_repetition_penalty\"&\n\x10\x43\x61ncelGeneration\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\xa0\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x04\x12&\n\x05\x63hunk\x18\x03 \x01(\x0b\x32\x15.sluice.v1.TokenChunkH\x00\x12!\n\x05\x66inal\x18\x04 \x01(\x0b\x32\x10.sluice.v1.FinalH\x00\x12\x16\n\x0eworker_time_ns\x18\x05 \x01(\x03\x42\x06\n\x04kind\"X\n\nTokenChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12)\n\x08logprobs\x18\x03 \x03(\x0b\x32\x17.sluice.v1.TokenLogprob\"U\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\"\n\x03top\x18\x03 \x03(\x0b\x32\x15.sluice.v1.TopLogprob\"=\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\"\xad\x01\n\x05\x46inal\x12\'\n\x06reason\x18\x01 \x01(\x0e\x32\x17.sluice.v1.FinishReason\x12\x1f\n\x05usage\x18\x02 \x01(\x0b\x32\x10.sluice.v1.Usage\x12!\n\x06timing\x18\x03 \x01(\x0b\x32\x11.sluice.v1.Timing\x12 \n\x05\x65rror\x18\x04 \x01(\x0b\x32\x11.sluice.v1.Status\x12\x15\n\rstop_sequence\x18\x05 \x01(\t\"W\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x03 \x01(\r\"L\n\x06Timing\x12\x10\n\x08queue_us\x18\x01 \x01(\x04\x12\x1e\n\x16time_to_first_token_us\x18\x02 \x01(\x04\x12\x10\n\x08total_us\x18\x03 \x01(\x04\"N\n\x06Status\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\r\n\x05\x66ield\x18\x03 \x01(\t\x12\x16\n\x0eretry_after_ms\x18\x04 \x01(\r\"7\n\rResumeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nfrom_index\x18\x02 \x01(\x04\"\x13\n\x11ListModelsRequest\":\n\x12ListModelsResponse\x12$\n\x06models\x18\x01 \x03(\x0b\x32\x14.sluice.v1.ModelInfo\"k\n\tModelInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x0e\n\x06\x65ngine\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x1a\n\x12\x64\x65\x66\x61ult_max_tokens\x18\x05 \x01(\r\"a\n\x0fTokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12$\n\x04\x63hat\x18\x02 \x01(\x0b\x32\x14.sluice.v1.ChatInputH\x00\x12\x10\n\x06prompt\x18\x03 \x01(\tH\x00\x42\x07\n\x05input\"K\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\r\n\x05\x63ount\x18\x02 \x01(\r\x12\x15\n\rmax_model_len\x18\x03 \x01(\r\"\x11\n\x0fGetStatsRequest\"\xef\x02\n\x0bWorkerStats\x12\x0f\n\x07running\x18\x01 \x01(\r\x12\x0f\n\x07waiting\x18\x02 \x01(\r\x12\x13\n\x0bmax_running\x18\x03 \x01(\r\x12\x16\n\x0ekv_cache_usage\x18\x04 \x01(\x02\x12\x10\n\x08\x64raining\x18\x05 \x01(\x08\x12\x16\n\x0e\x66inished_total\x18\x06 \x01(\x04\x12\x16\n\x0erejected_total\x18\x07 \x01(\x04\x12\x19\n\x11spec_draft_tokens\x18\x08 \x01(\x04\x12\x1c\n\x14spec_accepted_tokens\x18\t \x01(\x04\x12\x12\n\ndrain_rate\x18\n \x01(\x02\x12\x15\n\rresumed_total\x18\x0b \x01(\x04\x12\x1c\n\x14\x64\x65tach_expired_total\x18\x0c \x01(\x04\x12\x1b\n\x13wasted_tokens_total\x18\r \x01(\x04\x12\x1a\n\x12replay_generations\x18\x0e \x01(\r\x12\x14\n\x0creplay_bytes\x18\x0f \x01(\x04*\x95\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04\x32\xe8\x02\n\nGeneration\x12G\n\x08Generate\x12\x1a.sluice.v1.GenerateRequest\x1a\x1b.sluice.v1.GenerateResponse(\x01\x30\x01\x12\x41\n\x06Resume\x12\x18.sluice.v1.ResumeRequest\x1a\x1b.sluice.v1.GenerateResponse0\x01\x12I\n\nListModels\x12\x1c.sluice.v1.ListModelsRequest\x1a\x1d.sluice.v1.ListModelsResponse\x12\x43\n\x08Tokenize\x12\x1a.sluice.v1.TokenizeRequest\x1a\x1b.sluice.v1.TokenizeResponse\x12>\n\x08GetStats\x12\x1a.sluice.v1.GetStatsRequest\x1a\x16.sluice.v1.WorkerStatsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16generated/sluice.proto\x12\tsluice.v1\"w\n\x0fGenerateRequest\x12+\n\x05start\x18\x01 \x01(\x0b\x32\x1a.sluice.v1.StartGenerationH\x00\x12-\n\x06\x63\x61ncel\x18\x02 \x01(\x0b\x32\x1b.sluice.v1.CancelGenerationH\x00\x42\x08\n\x06\x61\x63tion\"\x92\x02\n\x0fStartGeneration\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12$\n\x04\x63hat\x18\x03 \x01(\x0b\x32\x14.sluice.v1.ChatInputH\x00\x12\x10\n\x06prompt\x18\x04 \x01(\tH\x00\x12+\n\x08sampling\x18\x05 \x01(\x0b\x32\x19.sluice.v1.SamplingParams\x12\x12\n\ntimeout_ms\x18\x06 \x01(\r\x12\x13\n\x0bmultiplexed\x18\x07 \x01(\x08\x12\x13\n\x0bstamp_times\x18\x08 \x01(\x08\x12\x1c\n\x0f\x64\x65tach_grace_ms\x18\t \x01(\rH\x01\x88\x01\x01\x42\x07\n\x05inputB\x12\n\x10_detach_grace_ms\"s\n\tChatInput\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.sluice.v1.ChatMessage\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x18\n\x16_add_generation_prompt\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x8c\x03\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x18\n\x10presence_penalty\x18\x07 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x08 \x01(\x02\x12\t\n\x01n\x18\t \x01(\r\x12\x15\n\x08logprobs\x18\n \x01(\rH\x05\x88\x01\x01\x12\x12\n\nignore_eos\x18\x0b \x01(\x08\x12\x12\n\nmin_tokens\x18\x0c \x01(\r\x12\x1f\n\x12repetition_penalty\x18\r \x01(\x02H\x06\x88\x01\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\x0b\n\t_logprobsB\x15\n\x13_repetition_penalty\"&\n\x10\x43\x61ncelGeneration\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\xa0\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x04\x12&\n\x05\x63hunk\x18\x03 \x01(\x0b\x32\x15.sluice.v1.TokenChunkH\x00\x12!\n\x05\x66inal\x18\x04 \x01(\x0b\x32\x10.sluice.v1.FinalH\x00\x12\x16\n\x0eworker_time_ns\x18\x05 \x01(\x03\x42\x06\n\x04kind\"X\n\nTokenChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12)\n\x08logprobs\x18\x03 \x03(\x0b\x32\x17.sluice.v1.TokenLogprob\"c\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\"\n\x03top\x18\x03 \x03(\x0b\x32\x15.sluice.v1.TopLogprob\x12\x0c\n\x04text\x18\x04 \x01(\t\"=\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\"\xad\x01\n\x05\x46inal\x12\'\n\x06reason\x18\x01 \x01(\x0e\x32\x17.sluice.v1.FinishReason\x12\x1f\n\x05usage\x18\x02 \x01(\x0b\x32\x10.sluice.v1.Usage\x12!\n\x06timing\x18\x03 \x01(\x0b\x32\x11.sluice.v1.Timing\x12 \n\x05\x65rror\x18\x04 \x01(\x0b\x32\x11.sluice.v1.Status\x12\x15\n\rstop_sequence\x18\x05 \x01(\t\"W\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x03 \x01(\r\"L\n\x06Timing\x12\x10\n\x08queue_us\x18\x01 \x01(\x04\x12\x1e\n\x16time_to_first_token_us\x18\x02 \x01(\x04\x12\x10\n\x08total_us\x18\x03 \x01(\x04\"N\n\x06Status\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\r\n\x05\x66ield\x18\x03 \x01(\t\x12\x16\n\x0eretry_after_ms\x18\x04 \x01(\r\"7\n\rResumeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nfrom_index\x18\x02 \x01(\x04\"\x13\n\x11ListModelsRequest\":\n\x12ListModelsResponse\x12$\n\x06models\x18\x01 \x03(\x0b\x32\x14.sluice.v1.ModelInfo\"k\n\tModelInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x0e\n\x06\x65ngine\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x1a\n\x12\x64\x65\x66\x61ult_max_tokens\x18\x05 \x01(\r\"a\n\x0fTokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12$\n\x04\x63hat\x18\x02 \x01(\x0b\x32\x14.sluice.v1.ChatInputH\x00\x12\x10\n\x06prompt\x18\x03 \x01(\tH\x00\x42\x07\n\x05input\"K\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\r\n\x05\x63ount\x18\x02 \x01(\r\x12\x15\n\rmax_model_len\x18\x03 \x01(\r\"\x11\n\x0fGetStatsRequest\"\xef\x02\n\x0bWorkerStats\x12\x0f\n\x07running\x18\x01 \x01(\r\x12\x0f\n\x07waiting\x18\x02 \x01(\r\x12\x13\n\x0bmax_running\x18\x03 \x01(\r\x12\x16\n\x0ekv_cache_usage\x18\x04 \x01(\x02\x12\x10\n\x08\x64raining\x18\x05 \x01(\x08\x12\x16\n\x0e\x66inished_total\x18\x06 \x01(\x04\x12\x16\n\x0erejected_total\x18\x07 \x01(\x04\x12\x19\n\x11spec_draft_tokens\x18\x08 \x01(\x04\x12\x1c\n\x14spec_accepted_tokens\x18\t \x01(\x04\x12\x12\n\ndrain_rate\x18\n \x01(\x02\x12\x15\n\rresumed_total\x18\x0b \x01(\x04\x12\x1c\n\x14\x64\x65tach_expired_total\x18\x0c \x01(\x04\x12\x1b\n\x13wasted_tokens_total\x18\r \x01(\x04\x12\x1a\n\x12replay_generations\x18\x0e \x01(\r\x12\x14\n\x0creplay_bytes\x18\x0f \x01(\x04*\x95\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04\x32\xe8\x02\n\nGeneration\x12G\n\x08Generate\x12\x1a.sluice.v1.GenerateRequest\x1a\x1b.sluice.v1.GenerateResponse(\x01\x30\x01\x12\x41\n\x06Resume\x12\x18.sluice.v1.ResumeRequest\x1a\x1b.sluice.v1.GenerateResponse0\x01\x12I\n\nListModels\x12\x1c.sluice.v1.ListModelsRequest\x1a\x1d.sluice.v1.ListModelsResponse\x12\x43\n\x08Tokenize\x12\x1a.sluice.v1.TokenizeRequest\x1a\x1b.sluice.v1.TokenizeResponse\x12>\n\x08GetStats\x12\x1a.sluice.v1.GetStatsRequest\x1a\x16.sluice.v1.WorkerStatsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'generated.sluice_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=2676
-  _globals['_FINISHREASON']._serialized_end=2825
+  _globals['_FINISHREASON']._serialized_start=2690
+  _globals['_FINISHREASON']._serialized_end=2839
   _globals['_GENERATEREQUEST']._serialized_start=37
   _globals['_GENERATEREQUEST']._serialized_end=156
   _globals['_STARTGENERATION']._serialized_start=159
@@ -50,33 +50,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENCHUNK']._serialized_start=1200
   _globals['_TOKENCHUNK']._serialized_end=1288
   _globals['_TOKENLOGPROB']._serialized_start=1290
-  _globals['_TOKENLOGPROB']._serialized_end=1375
-  _globals['_TOPLOGPROB']._serialized_start=1377
-  _globals['_TOPLOGPROB']._serialized_end=1438
-  _globals['_FINAL']._serialized_start=1441
-  _globals['_FINAL']._serialized_end=1614
-  _globals['_USAGE']._serialized_start=1616
-  _globals['_USAGE']._serialized_end=1703
-  _globals['_TIMING']._serialized_start=1705
-  _globals['_TIMING']._serialized_end=1781
-  _globals['_STATUS']._serialized_start=1783
-  _globals['_STATUS']._serialized_end=1861
-  _globals['_RESUMEREQUEST']._serialized_start=1863
-  _globals['_RESUMEREQUEST']._serialized_end=1918
-  _globals['_LISTMODELSREQUEST']._serialized_start=1920
-  _globals['_LISTMODELSREQUEST']._serialized_end=1939
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1941
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1999
-  _globals['_MODELINFO']._serialized_start=2001
-  _globals['_MODELINFO']._serialized_end=2108
-  _globals['_TOKENIZEREQUEST']._serialized_start=2110
-  _globals['_TOKENIZEREQUEST']._serialized_end=2207
-  _globals['_TOKENIZERESPONSE']._serialized_start=2209
-  _globals['_TOKENIZERESPONSE']._serialized_end=2284
-  _globals['_GETSTATSREQUEST']._serialized_start=2286
-  _globals['_GETSTATSREQUEST']._serialized_end=2303
-  _globals['_WORKERSTATS']._serialized_start=2306
-  _globals['_WORKERSTATS']._serialized_end=2673
-  _globals['_GENERATION']._serialized_start=2828
-  _globals['_GENERATION']._serialized_end=3188
+  _globals['_TOKENLOGPROB']._serialized_end=1389
+  _globals['_TOPLOGPROB']._serialized_start=1391
+  _globals['_TOPLOGPROB']._serialized_end=1452
+  _globals['_FINAL']._serialized_start=1455
+  _globals['_FINAL']._serialized_end=1628
+  _globals['_USAGE']._serialized_start=1630
+  _globals['_USAGE']._serialized_end=1717
+  _globals['_TIMING']._serialized_start=1719
+  _globals['_TIMING']._serialized_end=1795
+  _globals['_STATUS']._serialized_start=1797
+  _globals['_STATUS']._serialized_end=1875
+  _globals['_RESUMEREQUEST']._serialized_start=1877
+  _globals['_RESUMEREQUEST']._serialized_end=1932
+  _globals['_LISTMODELSREQUEST']._serialized_start=1934
+  _globals['_LISTMODELSREQUEST']._serialized_end=1953
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1955
+  _globals['_LISTMODELSRESPONSE']._serialized_end=2013
+  _globals['_MODELINFO']._serialized_start=2015
+  _globals['_MODELINFO']._serialized_end=2122
+  _globals['_TOKENIZEREQUEST']._serialized_start=2124
+  _globals['_TOKENIZEREQUEST']._serialized_end=2221
+  _globals['_TOKENIZERESPONSE']._serialized_start=2223
+  _globals['_TOKENIZERESPONSE']._serialized_end=2298
+  _globals['_GETSTATSREQUEST']._serialized_start=2300
+  _globals['_GETSTATSREQUEST']._serialized_end=2317
+  _globals['_WORKERSTATS']._serialized_start=2320
+  _globals['_WORKERSTATS']._serialized_end=2687
+  _globals['_GENERATION']._serialized_start=2842
+  _globals['_GENERATION']._serialized_end=3202
 # @@protoc_insertion_point(module_scope)

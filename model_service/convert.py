@@ -83,6 +83,7 @@ def chunk_to_pb(request_id: str, index: int, out: EngineOutput) -> pb.GenerateRe
             pb.TokenLogprob(
                 token_id=lp.token_id,
                 logprob=lp.logprob,
+                text=lp.text,
                 top=[
                     pb.TopLogprob(token_id=t.token_id, text=t.text, logprob=t.logprob)
                     for t in lp.top

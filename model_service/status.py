@@ -9,13 +9,17 @@ import grpc
 from model_service.errors import SluiceError
 
 RETRY_AFTER_KEY = "retry-after-ms"
+FIELD_KEY = "x-sluice-field"
 
 
 def trailing_metadata(err: SluiceError) -> tuple[tuple[str, str], ...]:
-    """Retry hint as trailing metadata (`retry-after-ms`), when there is one."""
+    """Retry hint (`retry-after-ms`) and offending field (`x-sluice-field`), when known."""
+    md: list[tuple[str, str]] = []
     if err.retry_after_s > 0:
-        return ((RETRY_AFTER_KEY, str(max(1, int(err.retry_after_s * 1000)))),)
-    return ()
+        md.append((RETRY_AFTER_KEY, str(max(1, int(err.retry_after_s * 1000)))))
+    if err.field:
+        md.append((FIELD_KEY, err.field))
+    return tuple(md)
 
 
 async def abort_with(context: grpc.aio.ServicerContext, err: SluiceError) -> NoReturn:

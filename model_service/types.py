@@ -70,6 +70,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: tuple[TopLogprob, ...] = ()
+    text: str = ""
 
 
 @dataclass(slots=True)

@@ -224,6 +224,7 @@ async def test_invalid_input_gets_invalid_argument_naming_field(worker, req, fie
         await one(worker.address, req)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert field in e.value.details()
+    assert dict(e.value.trailing_metadata())["x-sluice-field"] == field
 
 
 async def test_unknown_model_is_not_found(worker):

@@ -72,10 +72,14 @@ def _chunk_with_logprobs() -> pb.TokenChunk:
         token_ids=[1, 2],
         logprobs=[
             pb.TokenLogprob(
-                token_id=1, logprob=-0.5, top=[pb.TopLogprob(token_id=1, text=" a", logprob=-0.5)]
+                token_id=1,
+                text=" a",
+                logprob=-0.5,
+                top=[pb.TopLogprob(token_id=1, text=" a", logprob=-0.5)],
             ),
             pb.TokenLogprob(
                 token_id=2,
+                text=" b",
                 logprob=-1.0,
                 top=[
                     pb.TopLogprob(token_id=3, text=" c", logprob=-0.2),
@@ -106,10 +110,14 @@ def test_logprobs_chat_and_legacy_layouts() -> None:
     assert second["text_offset"] == [4, 6]  # offsets continue across chunks
 
 
-def test_single_token_chunk_names_its_token_without_alternatives() -> None:
-    chunk = pb.TokenChunk(
-        text=" x", token_ids=[9], logprobs=[pb.TokenLogprob(token_id=9, logprob=-0.1)]
+def test_sampled_token_text_comes_from_the_contract_not_the_alternatives() -> None:
+    lp = pb.TokenLogprob(
+        token_id=9,
+        text=" x",
+        logprob=-0.1,
+        top=[pb.TopLogprob(token_id=4, text=" y", logprob=-0.05)],
     )
+    chunk = pb.TokenChunk(text=" x z", token_ids=[9, 5], logprobs=[lp])
     assert logprob_entries(chunk)[0]["token"] == " x"
 
 
