@@ -6,13 +6,14 @@ WORKER_PORT ?= 50051
 EDGE_PORT ?= 8000
 
 .DEFAULT_GOAL := help
-.PHONY: help setup protos check-protos model serve serve-sim test test-fast lint fmt bench clean
+.PHONY: help setup protos check-protos model serve serve-sim test test-fast deploy-check lint fmt bench clean
 
 help: ## List targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-14s %s\n", $$1, $$2}'
 
 setup: ## Create .venv and install everything (engine included); quick when done already
 	@bash scripts/setup.sh
+	@bash scripts/deploy/install_nginx.sh   # nginx + h2load/nghttp for the nginx tests; no-op when present
 
 protos: setup ## Regenerate generated/ from protos/
 	$(PY) -m grpc_tools.protoc -Igenerated=protos --python_out=. --grpc_python_out=. --pyi_out=. $(PROTOS)
@@ -34,6 +35,9 @@ test: setup model ## Run the whole suite (real vLLM model tests included)
 
 test-fast: setup ## Run the suite without the real-model tests
 	$(PY) -m pytest -q -m "not model"
+
+deploy-check: setup ## Validate the Kubernetes manifests and run nginx against a real edge and worker
+	$(PY) -m pytest -q tests/integration/test_deploy_k8s.py tests/integration/test_nginx.py
 
 lint: setup ## ruff (lint + format check) and mypy
 	$(PY) -m ruff check model_service edge tests scripts

@@ -1,0 +1,302 @@
+"""The Kubernetes manifests in scripts/deploy/k8s.
+
+Schema: every object validates (strict: no unknown fields) against the Kubernetes version
+the manifests target and the oldest they support, with kubernetes-validate's bundled
+schemas (offline). Semantics: container args parse with the real worker and edge CLIs,
+the probes and Prometheus annotations hit the ports those args open, grace periods cover
+the drains, every container requests resources, selectors match labels, references
+resolve, and the proxies in front wait at least as long as a generation may take. One
+test runs the real edge with the manifest's kind of worker address.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import httpx
+import kubernetes_validate
+import pytest
+import yaml
+
+from edge.config import EdgeConfig
+from edge.config import build_parser as edge_parser
+from edge.config import config_from_args as edge_config
+from model_service.config import WorkerConfig
+from model_service.config import build_parser as worker_parser
+from model_service.config import config_from_args as worker_config
+from scripts.deploy.render_nginx import NginxParams
+from tests.procs import ROOT, start_edge, start_worker
+
+K8S = ROOT / "scripts" / "deploy" / "k8s"
+# Written for 1.31; 1.27 is the oldest supported (native gRPC probes are GA there).
+KUBERNETES_VERSIONS = ("1.27.0", "1.31.0")
+# Kept out of the kustomization on purpose (applying it would blank the real keys).
+NOT_APPLIED = {"edge-secret.yaml"}
+MARGIN_S = 5  # at least this much between the drain's end and the kubelet's SIGKILL
+
+
+def load() -> list[tuple[str, dict[str, Any]]]:
+    docs = []
+    for path in sorted(K8S.glob("*.yaml")):
+        if path.name != "kustomization.yaml":
+            docs += [(path.name, d) for d in yaml.safe_load_all(path.read_text()) if d]
+    return docs
+
+
+DOCS = load()
+
+
+def objects(kind: str) -> list[dict[str, Any]]:
+    return [d for _, d in DOCS if d["kind"] == kind]
+
+
+def obj(kind: str, name: str) -> dict[str, Any]:
+    found = [d for d in objects(kind) if d["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind}/{name}: {len(found)} found"
+    return found[0]
+
+
+def pod(deployment: str) -> dict[str, Any]:
+    return obj("Deployment", deployment)["spec"]["template"]
+
+
+def container(deployment: str) -> dict[str, Any]:
+    (c,) = pod(deployment)["spec"]["containers"]
+    return c
+
+
+def namespace() -> str:
+    return yaml.safe_load((K8S / "kustomization.yaml").read_text())["namespace"]
+
+
+def env_values(c: dict[str, Any]) -> dict[str, str]:
+    """Each env var's value, ConfigMap references resolved from our own ConfigMaps."""
+    values = {}
+    for e in c.get("env", []):
+        if "value" in e:
+            values[e["name"]] = e["value"]
+        elif ref := e.get("valueFrom", {}).get("configMapKeyRef"):
+            values[e["name"]] = obj("ConfigMap", ref["name"])["data"][ref["key"]]
+    return values
+
+
+def args(c: dict[str, Any]) -> list[str]:
+    """The container's args as the kubelet passes them: $(VAR) expanded."""
+    env = env_values(c)
+    return [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in c["args"]]
+
+
+def port_number(c: dict[str, Any], port: int | str) -> int:
+    if isinstance(port, int):
+        return port
+    return next(p["containerPort"] for p in c["ports"] if p["name"] == port)
+
+
+def console_script(name: str) -> str:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    return pyproject["project"]["scripts"][name]
+
+
+def worker_cfg() -> WorkerConfig:
+    c = container("sluice-worker")
+    assert c["command"] == ["sluice-worker"]
+    assert console_script("sluice-worker") == "model_service.__main__:main"
+    return worker_config(worker_parser().parse_args(args(c)))
+
+
+def edge_cfg() -> EdgeConfig:
+    c = container("sluice-edge")
+    assert c["command"] == ["sluice-edge"]
+    assert console_script("sluice-edge") == "edge.__main__:main"
+    return edge_config(edge_parser().parse_args(args(c)))
+
+
+def size_bytes(text: str) -> int:
+    number, unit = re.fullmatch(r"(\d+)([kKmMgG]?)", text).groups()  # type: ignore[union-attr]
+    return int(number) << {"": 0, "k": 10, "m": 20, "g": 30}[unit.lower()]
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_every_object_validates_against_the_kubernetes_schema(version):
+    assert len(DOCS) >= 10
+    for name, doc in DOCS:
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as err:
+            pytest.fail(f"{name} ({doc['kind']}) at {version}: {err.message}")
+
+
+def test_kustomization_applies_every_manifest():
+    listed = set(yaml.safe_load((K8S / "kustomization.yaml").read_text())["resources"])
+    files = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    assert listed == files - NOT_APPLIED
+    assert all(d["metadata"].get("namespace") in (None, namespace()) for _, d in DOCS)
+
+
+def test_selectors_match_pod_labels():
+    deployments = objects("Deployment")
+    assert {d["metadata"]["name"] for d in deployments} == {"sluice-worker", "sluice-edge"}
+    for d in deployments:
+        labels = d["spec"]["template"]["metadata"]["labels"]
+        assert d["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+    def selected(selector: dict[str, str]) -> list[str]:
+        return [
+            d["metadata"]["name"]
+            for d in deployments
+            if selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()
+        ]
+
+    for svc in objects("Service"):
+        assert len(selected(svc["spec"]["selector"])) == 1, svc["metadata"]["name"]
+    for pdb in objects("PodDisruptionBudget"):
+        assert len(selected(pdb["spec"]["selector"]["matchLabels"])) == 1
+    for hpa in objects("HorizontalPodAutoscaler"):
+        obj("Deployment", hpa["spec"]["scaleTargetRef"]["name"])
+
+
+def test_every_container_requests_cpu_and_memory_and_the_worker_one_gpu():
+    for d in objects("Deployment"):
+        for c in d["spec"]["template"]["spec"]["containers"]:
+            requests = c["resources"]["requests"]
+            assert {"cpu", "memory"} <= requests.keys(), c["name"]
+            assert "memory" in c["resources"].get("limits", {}), c["name"]
+    res = container("sluice-worker")["resources"]
+    assert res["requests"]["nvidia.com/gpu"] == res["limits"]["nvidia.com/gpu"] == 1
+
+
+def test_worker_args_parse_and_probes_and_metrics_hit_the_ports_they_open():
+    cfg = worker_cfg()
+    c = container("sluice-worker")
+    server = cfg.server
+    assert cfg.engine.engine == "vllm" and cfg.engine.model.startswith("/models/")
+    assert server.host == "0.0.0.0", "the kubelet and Prometheus connect to the pod IP"
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {
+        "grpc": server.port,
+        "health": server.health_port,
+        "metrics": server.metrics_port,
+    }
+    for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+        probe = c[kind]
+        assert probe["grpc"]["port"] == server.health_port, kind  # the plaintext port
+    annotations = pod("sluice-worker")["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == str(server.metrics_port)
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert cfg.engine.model.startswith(mounts["models"] + "/")
+    for path in (server.tls_cert, server.tls_key, server.tls_client_ca):
+        assert not path or path.startswith(mounts["tls"] + "/")
+
+
+def test_worker_grace_covers_the_drain_and_liveness_never_kills_a_draining_worker():
+    cfg = worker_cfg()
+    spec = pod("sluice-worker")["spec"]
+    c = container("sluice-worker")
+    drain = cfg.server.drain_grace_s
+    assert spec["terminationGracePeriodSeconds"] >= drain + MARGIN_S
+    live = c["livenessProbe"]
+    # NOT_SERVING while draining fails the probe: the failures must outlast the drain.
+    assert live["periodSeconds"] * live["failureThreshold"] >= drain
+    start = c["startupProbe"]
+    assert start["periodSeconds"] * start["failureThreshold"] >= 300  # loading weights
+
+
+def test_worker_service_is_headless_on_the_grpc_port():
+    svc = obj("Service", "sluice-worker")["spec"]
+    assert svc["clusterIP"] == "None"
+    assert not svc.get("publishNotReadyAddresses", False)
+    (port,) = svc["ports"]
+    c = container("sluice-worker")
+    assert port_number(c, port["targetPort"]) == port["port"] == worker_cfg().server.port
+
+
+def test_edge_args_parse_and_probes_hit_its_port_and_it_targets_the_worker_service():
+    cfg = edge_cfg()
+    c = container("sluice-edge")
+    assert cfg.host == "0.0.0.0"
+    assert port_number(c, c["readinessProbe"]["httpGet"]["port"]) == cfg.port
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert port_number(c, c["livenessProbe"]["httpGet"]["port"]) == cfg.port
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert pod("sluice-edge")["metadata"]["annotations"]["prometheus.io/port"] == str(cfg.port)
+    svc = obj("Service", "sluice-worker")
+    port = svc["spec"]["ports"][0]["port"]
+    expected = f"dns:///{svc['metadata']['name']}.{namespace()}.svc.cluster.local:{port}"
+    assert cfg.workers == [expected]
+    edge_svc = obj("Service", "sluice-edge")["spec"]["ports"][0]
+    assert port_number(c, edge_svc["targetPort"]) == cfg.port
+
+
+def test_edge_grace_covers_prestop_and_drain():
+    cfg = edge_cfg()
+    c = container("sluice-edge")
+    command = c["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[0] == "sleep"
+    pre_stop = float(command[1])
+    # The sleep must outlast endpoint removal, yet stay under the readiness window.
+    assert 1 <= pre_stop <= 15
+    grace = pod("sluice-edge")["spec"]["terminationGracePeriodSeconds"]
+    assert grace >= pre_stop + cfg.drain_grace_s + MARGIN_S
+
+
+def test_config_and_secret_references_resolve():
+    for d in objects("Deployment"):
+        spec = d["spec"]["template"]["spec"]
+        for c in spec["containers"]:
+            for e in c.get("env", []):
+                source = e.get("valueFrom", {})
+                if ref := source.get("configMapKeyRef"):
+                    assert ref["key"] in obj("ConfigMap", ref["name"])["data"]
+                if ref := source.get("secretKeyRef"):
+                    assert ref.get("optional") is True, "applied Secrets are never in git"
+                    assert ref["key"] in obj("Secret", ref["name"])["stringData"]
+            mounted = {m["name"] for m in c.get("volumeMounts", [])}
+            assert mounted <= {v["name"] for v in spec.get("volumes", [])}
+        for v in spec.get("volumes", []):
+            if "secret" in v:
+                assert v["secret"].get("optional") is True, v["name"]
+
+
+def test_proxies_wait_as_long_as_a_generation_may_take():
+    cfg = edge_cfg()
+    ingress = obj("Ingress", "sluice-edge")["metadata"]["annotations"]
+    prefix = "nginx.ingress.kubernetes.io/"
+    nginx = NginxParams(prefix=Path("."), tls_cert="", tls_key="", edges=[], workers=[])
+    for read_timeout, body, where in (
+        (float(ingress[prefix + "proxy-read-timeout"]), ingress[prefix + "proxy-body-size"], "ing"),
+        (nginx.read_timeout_s, nginx.max_body, "render_nginx.py defaults"),
+    ):
+        assert read_timeout >= cfg.request_timeout_s, where
+        assert cfg.heartbeat_s * 2 <= read_timeout, where
+        assert size_bytes(body) >= cfg.max_body_bytes, where
+    assert ingress[prefix + "proxy-buffering"] == "off"
+    assert "non_idempotent" not in ingress[prefix + "proxy-next-upstream"]
+
+
+@pytest.mark.slow
+def test_the_edge_reaches_workers_by_a_dns_target_like_the_manifest(tmp_path: Path):
+    """The manifest names workers as dns:///SERVICE:PORT; the real edge must take that
+    form. Here the name is localhost (the worker listens on 127.0.0.1)."""
+    manifest_target = edge_cfg().workers[0]
+    assert manifest_target.startswith("dns:///")
+    worker = start_worker("--engine", "sim", "--sim-token-delay", "0")
+    try:
+        edge = start_edge("--worker", f"dns:///localhost:{worker.port}")
+        try:
+            base = f"http://{edge.address}"
+            deadline = time.monotonic() + 20
+            while httpx.get(base + "/readyz").status_code != 200:
+                assert time.monotonic() < deadline, edge.log()
+                time.sleep(0.05)
+            body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+            resp = httpx.post(base + "/v1/chat/completions", json=body, timeout=30)
+            assert resp.status_code == 200, resp.text
+            assert resp.json()["usage"]["completion_tokens"] == 3
+        finally:
+            edge.terminate(10)
+    finally:
+        worker.terminate(10)
