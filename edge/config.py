@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import os
+import secrets
 from dataclasses import dataclass, field
 
 ENV_VAR = "SLUICE_EDGE_CONFIG"
+SECRET_ENV = "SLUICE_RESUME_SECRET"
 
 
 @dataclass(slots=True)
@@ -32,9 +35,17 @@ class EdgeConfig:
     socket_sndbuf: int = 0
     keepalive_s: float = 30.0  # gRPC keepalive ping interval to workers
     drain_grace_s: float = 30.0  # on SIGTERM: how long in-flight streams may finish
-    # How long a worker keeps generating after the client left, so that a resume could pick
-    # it up (StartGeneration.detach_grace_ms). The edge does not resume yet: 0, abort at once.
+    # How long a worker keeps generating after an OpenAI-endpoint client left, so that a
+    # retry with Last-Event-ID could pick it up (StartGeneration.detach_grace_ms).
+    # 0 = abort at once (frees the engine fastest); resume still works once it finished.
     detach_grace_s: float = 0.0
+    # Browser streams (/v1/streams): how long the worker keeps generating with nobody
+    # reading (between the POST and the GET, and across reconnects).
+    stream_grace_s: float = 30.0
+    stream_ttl_s: float = 600.0  # lifetime of a stream link
+    # HMAC key (hex) for event ids and stream links; replicas must share it to resume each
+    # other's streams. Empty: SLUICE_RESUME_SECRET, else a random one per edge instance.
+    resume_secret: str = ""
     access_log: bool = False
     log_level: str = "info"
 
@@ -94,6 +105,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.detach_grace_s,
         help="seconds a worker keeps generating after the client left (0: abort at once)",
     )
+    p.add_argument(
+        "--stream-grace",
+        type=float,
+        default=d.stream_grace_s,
+        help="seconds a browser stream runs on with no reader (/v1/streams)",
+    )
+    p.add_argument("--stream-ttl", type=float, default=d.stream_ttl_s, help="stream link lifetime")
+    p.add_argument(
+        "--resume-secret-file",
+        default="",
+        help="file holding the HMAC key for event ids (else $SLUICE_RESUME_SECRET, else random)",
+    )
     p.add_argument("--access-log", action="store_true")
     p.add_argument("--log-level", default=d.log_level)
     return p
@@ -118,6 +141,24 @@ def config_from_args(args: argparse.Namespace) -> EdgeConfig:
         keepalive_s=args.keepalive,
         drain_grace_s=args.drain_grace,
         detach_grace_s=args.detach_grace,
+        stream_grace_s=args.stream_grace,
+        stream_ttl_s=args.stream_ttl,
+        resume_secret=resume_secret(args.resume_secret_file),
         access_log=args.access_log,
         log_level=args.log_level,
     )
+
+
+def resume_secret(path: str) -> str:
+    """The resume HMAC key as hex: from a file, the environment, or fresh (one instance).
+
+    Resolved once in the parent process, so `--workers N` processes share it.
+    """
+    raw = ""
+    if path:
+        with open(path) as f:
+            raw = f.read().strip()
+    raw = raw or os.environ.get(SECRET_ENV, "")
+    if raw:
+        return hashlib.sha256(raw.encode()).hexdigest()
+    return secrets.token_hex(32)

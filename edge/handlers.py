@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import orjson
 from starlette.exceptions import HTTPException
@@ -18,10 +20,13 @@ from edge.errors import ApiError, internal_error, no_worker
 from edge.metrics import CONTENT_TYPE, Metrics
 from edge.openai_format import make_format
 from edge.openai_schema import Kind, parse
+from edge.resume import PART_DONE, ResumeCodec, ResumePoint, bad_event_id
 from edge.stream import GenerationResponse, Job
-from edge.upstream import GenerateCall, WorkerSet
+from edge.upstream import GenerateCall, ResumeCall, WorkerSet
 
 TRACE_HEADER = "x-request-id"
+LAST_EVENT_ID = "last-event-id"
+CHAT_PAGE = Path(__file__).parent / "static" / "chat.html"
 _TRACE_RE = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
 TIMEOUT_HEADER = "x-request-timeout"  # seconds: the client's own deadline for the whole request
 # What the official OpenAI SDK sends: its per-read timeout. For a non-streaming request
@@ -37,6 +42,11 @@ class EdgeState:
     metrics: Metrics = field(default_factory=Metrics)
     workers: WorkerSet | None = None
     draining: bool = False
+    codec: ResumeCodec = field(init=False)
+
+    def __post_init__(self) -> None:
+        secret = self.config.resume_secret
+        self.codec = ResumeCodec(bytes.fromhex(secret) if secret else os.urandom(32))
 
 
 class ORJSONResponse(Response):
@@ -97,9 +107,12 @@ async def _generate(request: Request, kind: Kind) -> Response | GenerationRespon
     state = _state(request)
     cfg = state.config
     req = parse(kind, await _read_body(request, cfg.max_body_bytes))
-    if state.workers is None:
-        raise no_worker()
-    worker = state.workers.pick(req.model)
+    workers = _workers(state)
+    last_event_id = request.headers.get(LAST_EVENT_ID)
+    if req.stream and last_event_id:  # a retried stream: continue it, don't start anew
+        point = state.codec.parse(last_event_id)
+        return _resume_response(request, state, kind, point, req.include_usage)
+    worker = workers.pick(req.model)
     request_id = uuid.uuid4().hex
     trace = _trace_id(request, request_id)
     start = req.to_start(request_id, detach_grace_ms=int(cfg.detach_grace_s * 1000))
@@ -116,8 +129,100 @@ async def _generate(request: Request, kind: Kind) -> Response | GenerationRespon
         logprobs=req.logprobs is not None,
         config=cfg,
         metrics=state.metrics,
+        id_prefix=state.codec.prefix(request_id, worker.key),
     )
     return GenerationResponse(job)
+
+
+def _workers(state: EdgeState) -> WorkerSet:
+    if state.workers is None:
+        raise no_worker()
+    return state.workers
+
+
+def _resume_response(
+    request: Request,
+    state: EdgeState,
+    kind: Kind,
+    point: ResumePoint,
+    include_usage: bool,
+    *,
+    from_start: bool = False,
+) -> Response | GenerationResponse:
+    """Continue a generation from a resume point, through any edge replica: the worker is
+    named by the (signed) point itself. `from_start`: a first GET of a stream link."""
+    if point.part == PART_DONE:
+        # The client has everything. 204 also tells EventSource to stop reconnecting.
+        return Response(status_code=204)
+    worker = _workers(state).find(point.worker)
+    trace = _trace_id(request, point.request_id)
+    timeout = state.config.request_timeout_s
+    fmt = make_format(kind, point.request_id, worker.model_id(), int(time.time()), include_usage)
+    job = Job(
+        route=request.url.path,
+        request_id=point.request_id,
+        trace_id=trace,
+        call_factory=lambda: ResumeCall(worker, point.request_id, point.cursor, timeout, trace),
+        fmt=fmt,
+        stream=True,
+        logprobs=False,
+        config=state.config,
+        metrics=state.metrics,
+        id_prefix=state.codec.prefix(point.request_id, point.worker),
+        resume=None if from_start else point,
+    )
+    return GenerationResponse(job)
+
+
+async def create_stream(request: Request) -> Response:
+    """POST /v1/streams: start a chat generation for a browser; returns its stream link.
+
+    The body is a chat completion request. The generation starts at once and runs detached
+    (`--stream-grace`) until the link is opened with GET, which EventSource can do without
+    headers; its automatic reconnects send Last-Event-ID and resume exactly.
+    """
+    state = _state(request)
+    cfg = state.config
+    req = parse("chat", await _read_body(request, cfg.max_body_bytes))
+    worker = _workers(state).pick(req.model)
+    request_id = uuid.uuid4().hex
+    trace = _trace_id(request, request_id)
+    start = req.to_start(request_id, detach_grace_ms=int(cfg.stream_grace_s * 1000))
+    call = GenerateCall(worker, start, cfg.request_timeout_s, trace)
+    try:
+        if not await call.admitted():
+            await call.read()  # raises the refusal as an ApiError (400, 429, ...)
+    finally:
+        call.cancel()  # the worker keeps generating for the stream grace
+    token, expires = state.codec.stream_token(request_id, worker.key, cfg.stream_ttl_s)
+    body = {
+        "id": request_id,
+        "object": "chat.completion.stream",
+        "model": req.model or worker.model_id(),
+        "stream_url": f"/v1/streams/{token}",
+        "expires_at": expires,
+    }
+    return ORJSONResponse(body, status_code=201, headers={TRACE_HEADER: trace})
+
+
+async def read_stream(request: Request) -> Response | GenerationResponse:
+    """GET /v1/streams/{token}: the generation as SSE, from the start or from the
+    Last-Event-ID header (EventSource's reconnects) or `last_event_id` query parameter."""
+    state = _state(request)
+    request_id, worker = state.codec.open_stream(request.path_params["token"])
+    last = request.headers.get(LAST_EVENT_ID) or request.query_params.get("last_event_id")
+    if last:
+        point = state.codec.parse(last)
+        if point.request_id != request_id or point.worker != worker:
+            raise bad_event_id("it belongs to another stream")
+        return _resume_response(request, state, "chat", point, include_usage=True)
+    start = ResumePoint(request_id, worker, seq=-1, cursor=0)
+    return _resume_response(request, state, "chat", start, include_usage=True, from_start=True)
+
+
+async def chat_page(request: Request) -> Response:
+    """GET /: the chat page (plain HTML and JavaScript, no build step, no CDN)."""
+    return Response(CHAT_PAGE.read_bytes(), media_type="text/html; charset=utf-8")
 
 
 async def chat_completions(request: Request) -> Response | GenerationResponse:

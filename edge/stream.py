@@ -15,7 +15,6 @@ finish, with no `[DONE]`. Every event carries an `id:`; comments keep idle strea
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from edge.config import EdgeConfig
 from edge.errors import ApiError, from_status, from_status_code_number, internal_error
 from edge.metrics import Message, Metrics, Receive, Scope, Send
 from edge.openai_format import FINISH_REASONS, ChunkFormat, logprob_entries
+from edge.resume import PART_DONE, PART_FINISH, PART_USAGE, ResumePoint
 from edge.upstream import GenerateCall
 from generated import sluice_pb2 as pb
 
@@ -47,20 +47,6 @@ HEARTBEAT = sse.encode_comment("keep-alive")
 STATUS_SETTLE_S = 2.0  # after `final`, how long to wait for the RPC's OK before cancelling
 
 
-def event_id(request_id: str, seq: int, cursor: int) -> str:
-    """Opaque to clients: request id, event sequence (gapless from 0) and upstream cursor
-    (the index of the next upstream message, where a later resume would start)."""
-    rid = base64.urlsafe_b64encode(request_id.encode()).rstrip(b"=").decode()
-    return f"{rid}.{seq}.{cursor}"
-
-
-def parse_event_id(token: str) -> tuple[str, int, int]:
-    """Inverse of `event_id` (raises ValueError on anything else)."""
-    rid, seq, cursor = token.split(".")
-    pad = "=" * (-len(rid) % 4)
-    return base64.urlsafe_b64decode(rid + pad).decode(), int(seq), int(cursor)
-
-
 @dataclass(slots=True)
 class Job:
     """What a handler hands to the response: one validated generation, ready to run."""
@@ -74,6 +60,8 @@ class Job:
     logprobs: bool
     config: EdgeConfig
     metrics: Metrics
+    id_prefix: bytes  # signed head of every event id (`ResumeCodec.prefix`)
+    resume: ResumePoint | None = None  # set when this response continues a stream
 
 
 class GenerationResponse:
@@ -82,8 +70,8 @@ class GenerationResponse:
     def __init__(self, job: Job) -> None:
         self.job = job
         self.fmt = job.fmt
-        self._id_prefix = base64.urlsafe_b64encode(job.request_id.encode()).rstrip(b"=") + b"."
-        self._seq = 0
+        self._id_prefix = job.id_prefix
+        self._seq = job.resume.seq + 1 if job.resume else 0
         self._retry_pending = True
         self._committed = False
         self._complete = False
@@ -152,7 +140,7 @@ class GenerationResponse:
         await send(
             {"type": "http.response.start", "status": 200, "headers": self._headers(SSE_HEADERS)}
         )
-        opening = self.fmt.opening()
+        opening = self.fmt.opening() if self.job.resume is None else None
         if opening is not None:
             await self._body(send, self._event(opening, 0))
         heartbeat = self.job.config.heartbeat_s
@@ -175,16 +163,25 @@ class GenerationResponse:
                 await self._body(send, out[0])
 
     def _ending(self, batch: Batch) -> list[bytes]:
-        """The last events: finish [+ usage] + [DONE], or one error event."""
+        """The last events: finish [+ usage] + [DONE], or one error event.
+
+        Their ids point at the final message (cursor - 1) with a part number, so a client
+        cut off among them resumes by replaying the final and gets only the parts it lacks.
+        """
         final, cursor = batch.final, batch.cursor
         error = batch.error if final is None else _final_error(final)
         if error is not None:
             return [self._event(error.event_json(), cursor, ERROR_EVENT)]
         assert final is not None
-        out = [self._event(self.fmt.finish(FINISH_REASONS[final.reason]), cursor)]
-        if self.fmt.include_usage:
-            out.append(self._event(self.fmt.usage(final.usage), cursor))
-        out.append(self._event(DONE, cursor))
+        at = cursor - 1
+        done = self.job.resume.part if self.job.resume else 0
+        out = []
+        if done < PART_FINISH:
+            finish = self.fmt.finish(FINISH_REASONS[final.reason])
+            out.append(self._event(finish, at, part=PART_FINISH))
+        if self.fmt.include_usage and done < PART_USAGE:
+            out.append(self._event(self.fmt.usage(final.usage), at, part=PART_USAGE))
+        out.append(self._event(DONE, at, part=PART_DONE))
         return out
 
     async def _whole(self, buf: StreamBuffer, send: Send) -> None:
@@ -242,8 +239,12 @@ class GenerationResponse:
 
     # -- framing helpers --------------------------------------------------------------
 
-    def _event(self, data: bytes, cursor: int, event: bytes | None = None) -> bytes:
+    def _event(
+        self, data: bytes, cursor: int, event: bytes | None = None, part: int = 0
+    ) -> bytes:
         eid = self._id_prefix + b"%d.%d" % (self._seq, cursor)
+        if part:
+            eid += b"~%d" % part
         self._seq += 1
         if self._retry_pending:
             self._retry_pending = False

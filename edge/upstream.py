@@ -19,6 +19,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from edge.errors import ApiError, from_rpc_error, no_worker
+from edge.resume import worker_key
 from generated import sluice_pb2 as pb
 from generated import sluice_pb2_grpc as pb_grpc
 
@@ -56,6 +57,7 @@ class Worker:
 
     def __init__(self, address: str, options: Sequence[tuple[str, int]]) -> None:
         self.address = address
+        self.key = worker_key(address)
         self.channel = grpc.aio.insecure_channel(address, options=list(options))
         self.stub = pb_grpc.GenerationStub(self.channel)
         self._health = health_pb2_grpc.HealthStub(self.channel)
@@ -142,6 +144,17 @@ class WorkerSet:
 
     async def close(self) -> None:
         await asyncio.gather(*(w.close() for w in self.workers))
+
+    def find(self, key: str) -> Worker:
+        """The worker with this key (`resume.worker_key`), for resuming its streams."""
+        for w in self.workers:
+            if w.key == key:
+                return w
+        raise ApiError(
+            410,
+            "the worker that held this stream is no longer known to this edge",
+            code="stream_lost",
+        )
 
     def ready(self) -> bool:
         """At least one worker reports SERVING."""
@@ -247,3 +260,42 @@ class GenerateCall:
     def cancel(self) -> None:
         """End the RPC now (a no-op once it ended)."""
         self._call.cancel()
+
+
+class ResumeCall(GenerateCall):
+    """A `Resume` RPC with GenerateCall's interface: the generation's messages from
+    `from_index` on (replayed, then live). Its refusals are about the stream, not the
+    request: an expired log is 410, an index past the end 400."""
+
+    def __init__(
+        self,
+        worker: Worker,
+        request_id: str,
+        from_index: int,
+        timeout_s: float | None,
+        trace_id: str = "",
+    ) -> None:
+        self.worker = worker
+        metadata = ((TRACE_KEY, trace_id),) if trace_id else None
+        request = pb.ResumeRequest(request_id=request_id, from_index=from_index)
+        self._call = worker.stub.Resume(request, timeout=timeout_s, metadata=metadata)
+        self._next_index = from_index
+
+    async def read(self) -> pb.GenerateResponse:
+        try:
+            return await super().read()
+        except ApiError as err:
+            if err.status == 404:
+                raise ApiError(
+                    410,
+                    "this generation can no longer be resumed (its replay log expired)",
+                    code="stream_expired",
+                ) from None
+            if err.status == 400:
+                raise ApiError(
+                    400,
+                    "Last-Event-ID is past the end of the stream",
+                    param="Last-Event-ID",
+                    code="invalid_last_event_id",
+                ) from None
+            raise

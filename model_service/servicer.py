@@ -13,7 +13,7 @@ from model_service import convert
 from model_service.core import WorkerCore
 from model_service.errors import SluiceError, Unavailable
 from model_service.status import abort_with
-from model_service.stream import GenerateStream, follow_simple
+from model_service.stream import ACCEPTED_KEY, GenerateStream, follow_simple
 from model_service.types import EngineStats
 from model_service.validation import validate_request
 
@@ -35,6 +35,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
     ) -> AsyncIterator[pb.GenerateResponse]:
         try:
             gen = self.core.find(request.request_id, request.from_index)
+            await context.send_initial_metadata(((ACCEPTED_KEY, gen.request_id),))
             async with aclosing(follow_simple(gen, request.from_index)) as msgs:
                 async for msg in msgs:
                     yield msg

@@ -7,6 +7,7 @@ so no conftest is shared with other suites.
 
 from __future__ import annotations
 
+import hashlib
 import socket
 import time
 from collections.abc import Iterator
@@ -18,9 +19,15 @@ import grpc
 import httpx
 import orjson
 
+from edge.resume import ResumeCodec
 from generated import sluice_pb2 as pb
 from generated import sluice_pb2_grpc as pb_grpc
 from tests.procs import Proc, start_edge, start_worker
+
+# Edges started by tests share this resume secret, so tests can check event ids.
+RESUME_SECRET = "integration-test-resume-secret"
+EDGE_ENV = {"SLUICE_RESUME_SECRET": RESUME_SECRET}
+CODEC = ResumeCodec(hashlib.sha256(RESUME_SECRET.encode()).digest())
 
 
 @dataclass
@@ -53,7 +60,7 @@ def stack(worker_args: tuple[str, ...] = (), edge_args: tuple[str, ...] = ()) ->
     """Start a sim worker and an edge for it; end both by PID afterwards."""
     worker = start_worker("--engine", "sim", *worker_args)
     try:
-        edge = start_edge("--worker", worker.address, *edge_args)
+        edge = start_edge("--worker", worker.address, *edge_args, env=EDGE_ENV)
         try:
             wait_ready(f"http://{edge.address}")
             yield Stack(worker, edge)

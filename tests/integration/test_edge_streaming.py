@@ -14,8 +14,8 @@ import openai
 import orjson
 import pytest
 
-from edge.stream import parse_event_id
 from tests.integration.edge_fixtures import (
+    CODEC,
     Stack,
     chat_start,
     chat_text,
@@ -86,12 +86,13 @@ def test_event_ids_are_gapless_unique_and_on_every_event(sim: Stack) -> None:
     events = data_events(parse_sse(raw))
     assert "retry" in events[0] and int(events[0]["retry"]) > 0
     assert all("id" in e for e in events)
-    decoded = [parse_event_id(e["id"]) for e in events]
+    decoded = [CODEC.parse(e["id"]) for e in events]  # signed with the edge's secret
     assert len({e["id"] for e in events}) == len(events)
-    assert len({rid for rid, _, _ in decoded}) == 1
-    assert [seq for _, seq, _ in decoded] == list(range(len(events)))
-    cursors = [c for _, _, c in decoded]
+    assert len({(p.request_id, p.worker) for p in decoded}) == 1
+    assert [p.seq for p in decoded] == list(range(len(events)))
+    cursors = [p.cursor for p in decoded]
     assert cursors == sorted(cursors) and cursors[-1] > 0
+    assert [p.part for p in decoded[-2:]] == [1, 3]  # finish, [DONE]
 
 
 def test_usage_chunk_when_asked_matches_worker(sim: Stack) -> None:

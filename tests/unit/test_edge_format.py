@@ -8,7 +8,6 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from edge.openai_format import ChatFormat, CompletionFormat, logprob_entries, make_format
-from edge.stream import event_id, parse_event_id
 from generated import sluice_pb2 as pb
 
 USAGE = pb.Usage(prompt_tokens=5, completion_tokens=3, cached_prompt_tokens=2)
@@ -120,8 +119,3 @@ def test_sampled_token_text_comes_from_the_contract_not_the_alternatives() -> No
     chunk = pb.TokenChunk(text=" x z", token_ids=[9, 5], logprobs=[lp])
     assert logprob_entries(chunk)[0]["token"] == " x"
 
-
-def test_event_id_round_trip() -> None:
-    token = event_id("req:with/odd+chars", 12, 9)
-    assert "\n" not in token and ":" not in token
-    assert parse_event_id(token) == ("req:with/odd+chars", 12, 9)
