@@ -39,6 +39,9 @@ test-fast: setup ## Run the suite without the real-model tests
 deploy-check: setup ## Validate the Kubernetes manifests and run nginx against a real edge and worker
 	$(PY) -m pytest -q tests/integration/test_deploy_k8s.py tests/integration/test_nginx.py
 
+bench: setup ## Benchmarks (BENCHMARKS.md); e.g. make bench ARGS="--mode overhead --concurrency 64"
+	$(PY) -m scripts.bench $(or $(ARGS),--mode overhead --concurrency 64 --duration 10)
+
 lint: setup ## ruff (lint + format check) and mypy
 	$(PY) -m ruff check model_service edge tests scripts
 	$(PY) -m ruff format --check model_service edge tests scripts

@@ -1,0 +1,22 @@
+"""Sluice's benchmark harness: `python -m scripts.bench --help`.
+
+One module per concept:
+
+| module | concept |
+| --- | --- |
+| `config.py` | the CLI and the dataclasses it fills |
+| `workload.py` | prompt and output-length distributions -> request specs |
+| `record.py` | what is measured about one request |
+| `sse_reader.py` | HTTP/1.1 + chunked + SSE framing over a raw asyncio socket (bytes only) |
+| `openai_driver.py` | OpenAI-compatible SSE servers (our edge, vLLM's own server) |
+| `grpc_driver.py` | the worker's `Generate` RPC directly |
+| `load.py` | closed loop (fixed concurrency) or open loop (Poisson arrivals), warm-up, bounds |
+| `fanout.py` | the same load split over several harness processes |
+| `progress.py` | one-line live progress on stderr |
+| `stats.py` | percentiles and the run summary |
+| `report.py` | JSON and markdown results |
+| `plot.py` | PNG plot (matplotlib) |
+| `stacks.py` | starting the processes under test (sim worker, edge, vLLM worker, vLLM server) |
+| `modes.py` | run, overhead and compare orchestration |
+| `selftest.py` | the SSE reader's parsing speed on a synthetic buffer |
+"""

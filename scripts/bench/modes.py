@@ -1,0 +1,316 @@
+"""The harness's modes: what to start, what to run in which order, what to compare.
+
+- `run`: one target that is already running (our edge, a worker, any OpenAI server).
+- `overhead`: the sim engine at (by default) zero delay, so only transport is measured:
+  gRPC straight to the worker and SSE through the edge, alternating for `rounds`, with
+  worker time stamps; reports the edge's added latency and bytes on the wire per token.
+- `compare`: two targets alternating A, B, A, B... (`rounds`), ratios of their medians;
+  `sluice` / `vllm` start our stack and vLLM's own server from one model directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import statistics
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any
+
+from scripts.bench import plot, report
+from scripts.bench.config import BenchConfig
+from scripts.bench.fanout import DriverFactory, run_fanout, run_in_process
+from scripts.bench.grpc_driver import GrpcDriver
+from scripts.bench.load import LoadResult
+from scripts.bench.openai_driver import OpenAIDriver
+from scripts.bench.progress import Progress
+from scripts.bench.stacks import (
+    Proc,
+    ProcWatch,
+    start_edge,
+    start_sim_worker,
+    start_vllm_server,
+    start_vllm_worker,
+)
+from scripts.bench.stats import summarize
+
+GOALS = {"tokens_per_s_ratio": (">=", 1.0), "ttft_p50_ratio": ("<=", 1.1)}
+
+
+def make_factory(cfg: BenchConfig, kind: str, where: str, label: str, stamp: bool) -> DriverFactory:
+    t = cfg.target
+    if kind == "grpc":
+        return partial(GrpcDriver, where, cfg.workload, model=t.model, stamp=stamp,
+                       channels=t.grpc_channels, timeout=t.timeout_s, label=label)  # fmt: skip
+    return partial(OpenAIDriver, where, cfg.workload, model=t.model, stamp=stamp,
+                   api_key=t.api_key, timeout=t.timeout_s, label=label)  # fmt: skip
+
+
+def measure(
+    cfg: BenchConfig, factory: DriverFactory, label: str, watch: dict[str, int] | None = None
+) -> LoadResult:
+    """One run of the configured load against one target (fanned out if --procs > 1),
+    with the CPU and memory of the `watch` processes during the run."""
+    watcher = ProcWatch(watch | dict(cfg.watch) if watch else dict(cfg.watch))
+
+    async def measuring() -> None:  # after warm-up: server costs of measured requests only
+        watcher.start()
+
+    try:
+        if cfg.procs > 1:
+            result = run_fanout(
+                factory, cfg.workload, cfg.load, cfg.procs, cfg.output.progress, watcher.start
+            )
+        else:
+            progress = Progress(label, cfg.output.progress, cfg.load.requests)
+            result = asyncio.run(
+                run_in_process(factory, cfg.workload, cfg.load, progress, ready=measuring)
+            )
+    finally:
+        processes = watcher.stop()
+    result.label = label
+    result.processes = processes
+    return result
+
+
+def finish(cfg: BenchConfig, results: list[LoadResult], extra: dict[str, Any]) -> dict[str, Any]:
+    """Summaries -> JSON, markdown (also printed) and PNG; returns the document."""
+    doc: dict[str, Any] = {
+        "meta": report.meta(),
+        "mode": cfg.mode,
+        "config": cfg,
+        "runs": [summarize(r) for r in results],
+        **extra,
+    }
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    name = cfg.output.name or f"{cfg.mode}-{stamp}"
+    json_path, md_path = report.write(doc, cfg.output.out_dir, name)
+    print(report.markdown(doc))
+    written = [json_path, md_path]
+    if cfg.output.plot:
+        png = plot.write_png(results, cfg.output.out_dir / f"{name}.png", doc["meta"]["command"])
+        if png is None:
+            print("plot skipped: matplotlib is not installed", file=sys.stderr)
+        else:
+            written.append(png)
+    print("wrote " + ", ".join(str(p) for p in written), file=sys.stderr)
+    return doc
+
+
+def run_mode(cfg: BenchConfig) -> dict[str, Any]:
+    t = cfg.target
+    where = t.url if t.kind == "sse" else t.address
+    result = measure(cfg, make_factory(cfg, t.kind, where, t.kind, bool(t.stamp)), t.kind)
+    return finish(cfg, [result], {})
+
+
+def _median(values: list[Any]) -> float | None:
+    vals = [v for v in values if v is not None and v == v]
+    return round(statistics.median(vals), 4) if vals else None
+
+
+def _sim_worker_args(cfg: BenchConfig) -> list[str]:
+    ld, w, o = cfg.load, cfg.workload, cfg.overhead
+    slots = max(ld.concurrency, ld.max_concurrency, 1024)
+    per_request = (
+        int(w.prompt_tokens * (1 + w.prompt_spread) + w.output_tokens * (1 + w.output_spread)) + 64
+    )
+    return [
+        f"--sim-ttft={o.sim_ttft_s}",
+        f"--sim-token-delay={o.sim_token_delay_s}",
+        f"--max-num-seqs={slots}",
+        f"--max-waiting={slots}",
+        f"--sim-kv-tokens={max(262_144, slots * per_request * 2)}",
+        f"--max-model-len={max(2048, per_request * 2)}",
+        *o.worker_args,
+    ]
+
+
+def overhead_mode(cfg: BenchConfig) -> dict[str, Any]:
+    o = cfg.overhead
+    stamp = cfg.target.stamp is not False
+    started: list[Proc] = []
+    try:
+        worker = o.worker
+        if not worker:
+            started.append(start_sim_worker(_sim_worker_args(cfg)))
+            worker = started[-1].address
+        edge = o.edge
+        if "sse" in o.targets and not edge:
+            started.append(start_edge(worker, list(o.edge_args)))
+            edge = started[-1].url
+        pids = {p.name: p.pid for p in started}
+        results = []
+        for r in range(cfg.rounds):
+            for target in o.targets:
+                label = target if cfg.rounds == 1 else f"{target} #{r + 1}"
+                where = worker if target == "grpc" else edge
+                factory = make_factory(cfg, target, where, label, stamp)
+                results.append(measure(cfg, factory, label, pids))
+    finally:
+        for proc in reversed(started):  # edge first, then the worker
+            proc.stop()
+    runs = [summarize(r) for r in results]
+    analysis = overhead_analysis(runs, o.targets, cfg.load.concurrency, o.sim_token_delay_s)
+    return finish(cfg, results, {"overhead": analysis})
+
+
+def overhead_analysis(
+    runs: list[dict[str, Any]], targets: tuple[str, ...], streams: int, token_delay_s: float = 0
+) -> dict[str, Any]:
+    """Medians over rounds per target; edge-added latency = SSE minus gRPC worker->client.
+
+    With a token delay, `lateness` = inter-event gap minus the delay: how late events
+    arrive relative to the worker's schedule, a stamp-free latency figure."""
+    out: dict[str, Any] = {}
+    for t in targets:
+        mine = [r for r in runs if r["label"].split(" ")[0] == t]
+        out[f"{t}.tokens_per_s"] = _median([r["tokens_per_s"] for r in mine])
+        out[f"{t}.steady_tokens_per_s"] = _median([r["steady_tokens_per_s"] for r in mine])
+        out[f"{t}.ttft_p50_ms"] = _median([r["ttft_ms"].get("p50") for r in mine])
+        for p in ("p50", "p99"):
+            out[f"{t}.worker_to_client_{p}_ms"] = _median(
+                [r["stamp_latency_ms"].get(p) for r in mine]
+            )
+        out[f"{t}.rx_bytes_per_token"] = _median([r["wire"]["rx_bytes_per_token"] for r in mine])
+        out[f"{t}.payload_bytes_per_token"] = _median(
+            [r["wire"]["payload_bytes_per_token"] for r in mine]
+        )
+        out[f"{t}.tokens_per_event"] = _median([r["tokens_per_event"] for r in mine])
+        if token_delay_s > 0:
+            for p in ("p50", "p99"):
+                itl = _median([r["itl_ms"].get(p) for r in mine])
+                late = itl - token_delay_s * 1000 if itl is not None else None
+                out[f"{t}.lateness_{p}_ms"] = round(late, 4) if late is not None else None
+    if {"grpc", "sse"} <= set(targets):
+        for p in ("p50", "p99"):
+            sse, grpc = out[f"sse.worker_to_client_{p}_ms"], out[f"grpc.worker_to_client_{p}_ms"]
+            out[f"edge_added_{p}_ms"] = (
+                round(sse - grpc, 4) if sse is not None and grpc is not None else None
+            )
+        if out["sse.worker_to_client_p50_ms"] is None:
+            out["note"] = "the edge did not forward worker stamps; edge_added_* unavailable"
+        s, g = out["sse.ttft_p50_ms"], out["grpc.ttft_p50_ms"]
+        out["edge_added_ttft_p50_ms"] = round(s - g, 4) if s is not None and g is not None else None
+        s, g = out["sse.rx_bytes_per_token"], out["grpc.rx_bytes_per_token"]
+        out["wire_sse_over_grpc"] = round(s / g, 2) if s and g else None
+    sse_runs = [r for r in runs if r["label"].startswith("sse") and "edge" in r["processes"]]
+    if sse_runs:
+        # The edge's own cost while it carried the SSE runs (the worker's and harness's CPU
+        # compete on a small machine, so tokens per edge CPU-second is the capacity figure).
+        edges = [r["processes"]["edge"] for r in sse_runs]
+        out["edge.cpu_pct"] = _median([e["cpu_pct"] for e in edges])
+        out["edge.cpu_us_per_token"] = _median(
+            [e["cpu_s"] * 1e6 / r["tokens_total"] for e, r in zip(edges, sse_runs, strict=True)
+             if r["tokens_total"]]
+        )  # fmt: skip
+        if out["edge.cpu_us_per_token"]:
+            out["edge.capacity_tokens_per_s_per_core"] = round(1e6 / out["edge.cpu_us_per_token"])
+        out["edge.rss_peak_mib"] = max(e["rss_peak_mib"] for e in edges)
+        if streams:
+            delta_kib = max((e["rss_peak_mib"] - e["rss_start_mib"]) * 1024 for e in edges)
+            out["edge.rss_growth_kib_per_stream"] = round(delta_kib / streams, 2)
+    return out
+
+
+class _Stacks:
+    """Starts the named stacks on first use (two at once from two threads: engine loading
+    is slow) and stops them in order."""
+
+    def __init__(self, cfg: BenchConfig) -> None:
+        self.cfg = cfg
+        self.procs: dict[str, Proc] = {}
+        self._locks = {k: threading.Lock() for k in ("edge", "vllm-worker", "vllm-server")}
+
+    def _get(self, key: str) -> Proc:
+        with self._locks[key]:
+            if key not in self.procs:
+                c = self.cfg.compare
+                if key == "vllm-worker":
+                    self.procs[key] = start_vllm_worker(c.model_dir, c.engine)
+                elif key == "edge":
+                    self.procs[key] = start_edge(self._get("vllm-worker").address, [])
+                else:
+                    self.procs[key] = start_vllm_server(c.model_dir, c.engine)
+            return self.procs[key]
+
+    def resolve_all(self, specs: tuple[str, ...]) -> list[tuple[str, str, str]]:
+        with ThreadPoolExecutor(len(specs)) as pool:
+            return list(pool.map(self.resolve, specs))
+
+    def resolve(self, spec: str) -> tuple[str, str, str]:
+        """A compare target -> (driver kind, URL or address, label)."""
+        if spec == "sluice":
+            return "sse", self._get("edge").url, spec
+        if spec == "sluice-grpc":
+            return "grpc", self._get("vllm-worker").address, spec
+        if spec == "vllm":
+            return "sse", self._get("vllm-server").url, spec
+        if spec.startswith(("http://", "sse:")):
+            return "sse", spec.removeprefix("sse:"), spec
+        if spec.startswith("grpc:"):
+            return "grpc", spec.removeprefix("grpc:"), spec
+        raise SystemExit(f"unknown compare target {spec!r}")
+
+    def stop(self, keys: tuple[str, ...] = ("edge", "vllm-worker", "vllm-server")) -> None:
+        for key in keys:
+            proc = self.procs.pop(key, None)
+            if proc is not None:
+                proc.stop(60)
+
+
+def compare_mode(cfg: BenchConfig) -> dict[str, Any]:
+    a, b = cfg.compare.targets
+    stacks = _Stacks(cfg)
+    results: list[LoadResult] = []
+    try:
+        if cfg.compare.one_at_a_time:
+            for spec in (a, b):
+                kind, where, label = stacks.resolve(spec)
+                for r in range(cfg.rounds):
+                    results.append(_compare_run(cfg, stacks, kind, where, f"{label} #{r + 1}"))
+                stacks.stop()
+        else:
+            resolved = stacks.resolve_all((a, b))
+            for r in range(cfg.rounds):
+                for kind, where, label in resolved:
+                    results.append(_compare_run(cfg, stacks, kind, where, f"{label} #{r + 1}"))
+    finally:
+        stacks.stop()
+    runs = [summarize(r) for r in results]
+    return finish(cfg, results, {"comparison": comparison(runs, a, b)})
+
+
+def _compare_run(
+    cfg: BenchConfig, stacks: _Stacks, kind: str, where: str, label: str
+) -> LoadResult:
+    pids = {k: p.pid for k, p in stacks.procs.items()}
+    return measure(cfg, make_factory(cfg, kind, where, label, False), label, pids)
+
+
+def comparison(runs: list[dict[str, Any]], a: str, b: str) -> dict[str, Any]:
+    """A/B ratios per round (medians), A's and B's medians, and the goals met or not."""
+    ra = [r for r in runs if r["label"].rsplit(" #", 1)[0] == a]
+    rb = [r for r in runs if r["label"].rsplit(" #", 1)[0] == b]
+    out: dict[str, Any] = {"A": a, "B": b, "rounds": min(len(ra), len(rb))}
+    metrics = {
+        "tokens_per_s": lambda r: r["tokens_per_s"],
+        "ttft_p50": lambda r: r["ttft_ms"].get("p50"),
+        "ttft_p99": lambda r: r["ttft_ms"].get("p99"),
+        "itl_p50": lambda r: r["itl_ms"].get("p50"),
+        "e2e_p50": lambda r: r["e2e_ms"].get("p50"),
+    }
+    for name, get in metrics.items():
+        va, vb = [get(r) for r in ra], [get(r) for r in rb]
+        out[f"A.{name}"], out[f"B.{name}"] = _median(va), _median(vb)
+        ratios = [x / y for x, y in zip(va, vb, strict=False) if x is not None and y]
+        out[f"{name}_ratio"] = _median(ratios)
+    for name, (op, goal) in GOALS.items():
+        value = out.get(name)
+        if value is not None:
+            out[f"goal {name} {op} {goal}"] = (
+                "met" if (value >= goal if op == ">=" else value <= goal) else "not met"
+            )
+    return out

@@ -1,0 +1,101 @@
+"""The benchmark harness end to end: its CLI against a real sim worker (gRPC) and a real
+edge (SSE), and its SSE reader on synthetic bytes. Seconds, not minutes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scripts.bench import selftest
+from scripts.bench.openai_driver import StreamSink, finish_record
+from scripts.bench.record import RequestRecord
+from scripts.bench.sse_reader import ResponseParser
+from tests.procs import ROOT, start_edge, start_worker
+
+REQUESTS, OUTPUT_TOKENS = 12, 16
+
+
+@pytest.fixture(scope="module")
+def worker():
+    w = start_worker("--engine", "sim", "--sim-ttft", "0.002", "--sim-token-delay", "0.001")
+    yield w
+    w.kill()
+
+
+def bench(tmp_path: Path, name: str, *args: str) -> dict:
+    """Run `python -m scripts.bench ARGS` and return its JSON result."""
+    cmd = [sys.executable, "-m", "scripts.bench", *args, "--out", str(tmp_path), "--name", name]
+    cmd += ["--requests", str(REQUESTS), "--output-tokens", str(OUTPUT_TOKENS), "--no-progress"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / f"{name}.md").read_text().startswith("# Benchmark: run")
+    return json.loads((tmp_path / f"{name}.json").read_text())
+
+
+def assert_sane(run: dict) -> None:
+    assert run["requests"] == {"completed": REQUESTS, "ok": REQUESTS, "errors": 0, "cancelled": 0}
+    assert run["errors_by_kind"] == {}
+    assert run["tokens_total"] == REQUESTS * OUTPUT_TOKENS  # ignore_eos: exactly max_tokens
+    assert run["tokens_per_request"]["p50"] == OUTPUT_TOKENS
+    assert run["usage_reported"] == 1.0
+    assert run["tokens_per_s"] > 0 and run["requests_per_s"] > 0
+    assert run["events_total"] >= REQUESTS
+    for key in ("ttft_ms", "itl_ms", "e2e_ms"):
+        d = run[key]
+        assert d["n"] > 0, key
+        assert 0 <= d["min"] <= d["p50"] <= d["p90"] <= d["p99"] <= d["max"], (key, d)
+    assert run["ttft_ms"]["p50"] <= run["e2e_ms"]["p50"]
+    assert run["wire"]["rx_bytes_per_token"] >= run["wire"]["payload_bytes_per_token"] > 0
+    assert sum(point["done"] for point in run["series"]) == REQUESTS
+
+
+def test_grpc_open_loop_with_stamps(worker, tmp_path):
+    doc = bench(tmp_path, "grpc", "--target", "grpc", "--address", worker.address,
+                "--rate", "200", "--stamp", "--no-plot")  # fmt: skip
+    (run,) = doc["runs"]
+    assert_sane(run)
+    stamps = run["stamp_latency_ms"]
+    assert stamps["n"] == run["events_total"]
+    assert 0 <= stamps["p50"] <= stamps["p99"] < 1000
+    assert doc["meta"]["machine"]["cores"] >= 1
+
+
+@pytest.mark.skipif(not (ROOT / "edge" / "__main__.py").exists(), reason="no edge yet")
+def test_sse_closed_loop_through_the_edge(worker, tmp_path):
+    edge = start_edge("--worker", worker.address)
+    try:
+        doc = bench(tmp_path, "sse", "--target", "sse", "--url", f"http://{edge.address}",
+                    "--concurrency", "4", "--warmup", "2")  # fmt: skip
+    finally:
+        edge.terminate()
+    (run,) = doc["runs"]
+    assert_sane(run)
+    if (tmp_path / "sse.png").exists():  # matplotlib installed: the plot is a real PNG
+        assert (tmp_path / "sse.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sse_reader_parses_a_response_split_anywhere():
+    # A response cut at every byte boundary parses to the same events: chunk-size lines,
+    # CRLFs and SSE blank lines split across reads must not lose or invent an event.
+    buffer = selftest.synthetic_response(5)
+    for cut in range(1, len(buffer)):
+        rec = RequestRecord()
+        sink = StreamSink(rec, "chat", stamp=True)
+        parser = ResponseParser(sink)
+        parser.feed(buffer[:cut], 1)
+        parser.feed(buffer[cut:], 2)
+        finish_record(rec, sink)
+        assert parser.done and rec.ok, (cut, rec.error)
+        assert (len(rec.event_ns), rec.tokens, len(rec.stamp_lat_ns)) == (5, 5, 5), cut
+
+
+def test_sse_reader_is_not_the_bottleneck():
+    # The harness must read well over 100k events/s; CPU time, not wall time, so that a
+    # busy shared machine does not fail it.
+    rec, parser, _, cpu = selftest.parse(selftest.synthetic_response(50_000))
+    assert parser.done and rec.ok and len(rec.event_ns) == 50_000
+    assert 50_000 / cpu > 100_000, f"{50_000 / cpu:,.0f} events per CPU-second"
