@@ -14,6 +14,7 @@ help: ## List targets
 setup: ## Create .venv and install everything (engine included); quick when done already
 	@bash scripts/setup.sh
 	@bash scripts/deploy/install_nginx.sh   # nginx + h2load/nghttp for the nginx tests; no-op when present
+	@bash scripts/install_chromium.sh       # Debian's chromium for the browser test; no-op when present
 
 protos: setup ## Regenerate generated/ from protos/
 	$(PY) -m grpc_tools.protoc -Igenerated=protos --python_out=. --grpc_python_out=. --pyi_out=. $(PROTOS)
