@@ -25,7 +25,8 @@ log = logging.getLogger("sluice.worker")
 
 CLIENT_CANCEL = "client"
 DETACH_EXPIRED = "detach-expired"
-MSG_OVERHEAD_BYTES = 32
+# Python's cost of one stored entry beyond its serialized bytes (bytes header + list slot).
+ENTRY_OVERHEAD_BYTES = 41
 
 
 class Generation:
@@ -48,8 +49,10 @@ class Generation:
         self.stamp = False
         self.trace_id = ""
         self.task: asyncio.Task[None] | None = None
-        self.log: list[pb.GenerateResponse] = []
-        self.log_bytes = 0
+        # Serialized messages, except the newest, which stays a message while tokens may
+        # still merge into it: protobuf objects cost ~10x their wire size in memory.
+        self.log: list[pb.GenerateResponse | bytes] = []
+        self.log_bytes = 0  # of the serialized entries (what the replay cap counts)
         self.ended = False
         self.error: SluiceError | None = None
         self.subscribers = 0
@@ -88,7 +91,10 @@ class Generation:
                 while i < len(log):
                     if i > self._taken:
                         self._taken = i  # from now on this message is immutable
-                    yield log[i]
+                    entry = log[i]
+                    if isinstance(entry, bytes):
+                        entry = pb.GenerateResponse.FromString(entry)  # a replay
+                    yield entry
                     i += 1
                 if self.ended:
                     return
@@ -123,29 +129,35 @@ class Generation:
 
     # -- producing ---------------------------------------------------------------------
 
+    def _freeze_tail(self) -> None:
+        """Store the newest entry serialized: nothing will merge into it any more."""
+        if self.log and not isinstance(tail := self.log[-1], bytes):
+            raw = tail.SerializeToString()
+            self.log[-1] = raw
+            self.log_bytes += len(raw) + ENTRY_OVERHEAD_BYTES
+
     def _append(self, msg: pb.GenerateResponse) -> None:
         if self.stamp:
             msg.worker_time_ns = time.time_ns()
+        self._freeze_tail()
         self.log.append(msg)
-        self.log_bytes += MSG_OVERHEAD_BYTES * 4
         self._wake()
 
     def _append_tokens(self, out: EngineOutput) -> None:
         """Add a token delta: merged into the last chunk while no consumer has taken it
         (tokens that are ready together travel in one message), else a new chunk."""
-        self.log_bytes += len(out.text) + 4 * len(out.token_ids)
         last = len(self.log) - 1
-        if last > self._taken and self.log[last].HasField("chunk") and not out.logprobs:
-            chunk = self.log[last].chunk
-            chunk.text += out.text
-            chunk.token_ids.extend(out.token_ids)
+        tail = self.log[-1] if self.log else None
+        if (
+            last > self._taken
+            and isinstance(tail, pb.GenerateResponse)
+            and tail.HasField("chunk")
+            and not out.logprobs
+        ):
+            tail.chunk.text += out.text
+            tail.chunk.token_ids.extend(out.token_ids)
             return
-        msg = convert.chunk_to_pb(self.request_id, len(self.log), out)
-        if self.stamp:
-            msg.worker_time_ns = time.time_ns()
-        self.log.append(msg)
-        self.log_bytes += MSG_OVERHEAD_BYTES
-        self._wake()
+        self._append(convert.chunk_to_pb(self.request_id, len(self.log), out))
 
     def _wake(self) -> None:
         if self._waited:  # only pay for a new Event when a consumer waits on this one
@@ -213,6 +225,7 @@ class Generation:
             self.error = EngineError("generation cancelled by the worker")
             self._final(FinishReason.ERROR, error=self.error)
         finally:
+            self._freeze_tail()
             self.ended = True
             self._changed.set()
             if self._detach_timer is not None:
