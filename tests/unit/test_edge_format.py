@@ -118,4 +118,3 @@ def test_sampled_token_text_comes_from_the_contract_not_the_alternatives() -> No
     )
     chunk = pb.TokenChunk(text=" x z", token_ids=[9, 5], logprobs=[lp])
     assert logprob_entries(chunk)[0]["token"] == " x"
-

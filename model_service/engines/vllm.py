@@ -1,0 +1,289 @@
+"""The real engine: vLLM's v1 `AsyncLLM` serving one Hugging Face model directory.
+
+vLLM is imported lazily, inside this module only, so that importing the engine registry
+(or running the simulated engine) never loads vLLM or torch. `AsyncLLM` runs its engine
+core in a spawned process: the program's entry point needs an `if __name__ == "__main__":`
+guard (model_service/__main__.py has one).
+
+Mapping to the engine interface:
+- `tokenize()` applies the model's chat template (the worker owns it) and returns ids;
+  `generate()` passes them on as a rendered token input, so nothing is tokenized twice.
+- Outputs stream as deltas (`RequestOutputKind.DELTA`): text, token ids, logprobs.
+- vLLM's finish reasons map to ours: stop/repetition -> STOP, length -> LENGTH,
+  abort -> CANCELLED; "error" raises EngineError.
+- Cancelling or closing `generate()` closes vLLM's generator, which aborts the request.
+- Parameters vLLM refuses raise `errors.InvalidArgument` naming the field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, cast
+
+from model_service.config import EngineConfig
+from model_service.engines.base import Engine
+from model_service.engines.vllm_stats import StatsCollector
+from model_service.errors import EngineError, InvalidArgument, Overloaded, Unavailable
+from model_service.types import (
+    EngineOutput,
+    EngineStats,
+    FinishReason,
+    GenerationRequest,
+    ModelInfo,
+    SamplingParams,
+    TokenLogprob,
+    TopLogprob,
+)
+
+if TYPE_CHECKING:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+log = logging.getLogger("sluice.engine.vllm")
+
+FINISH_REASONS = {
+    "stop": FinishReason.STOP,
+    "repetition": FinishReason.STOP,
+    "length": FinishReason.LENGTH,
+    "abort": FinishReason.CANCELLED,
+}
+# Prompts longer than this are tokenized off the event loop.
+INLINE_TOKENIZE_CHARS = 8192
+SAMPLING_FIELDS = frozenset(SamplingParams.__dataclass_fields__)
+
+
+class VllmEngine(Engine):
+    """`Engine` over vLLM's `AsyncLLM` (see module docstring)."""
+
+    name = "vllm"
+
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__(config)
+        self._llm: AsyncLLM | None = None
+        self._tokenizer: Any = None
+        self._collector = StatsCollector(config.max_num_seqs)
+        self._info: ModelInfo | None = None
+        self._tokenize_pool = ThreadPoolExecutor(1, thread_name_prefix="sluice-tokenize")
+
+    async def start(self) -> None:
+        from model_service.engines.vllm_args import build_engine_args, describe
+
+        args = build_engine_args(self.config)
+        log.info("starting vLLM: %s", describe(args))
+        # Hold the AsyncLLM in no local here: something in vLLM keeps a frame from building the
+        # args alive, and through its f_back this frame's locals, so the engine would never be
+        # freed and its __del__ would fail at interpreter exit.
+        self._llm = await _start_llm(args, self._collector, self.config)
+        self._tokenizer = self._llm.get_tokenizer()
+        self._info = self._model_info(self._llm)
+        await self._llm.get_supported_tasks()  # starts vLLM's output tasks on this loop
+        await self._warm_up()
+        log.info(
+            "vLLM ready: max_model_len %d, max_num_seqs %d",
+            self._info.max_model_len,
+            self._collector.max_running,
+        )
+
+    def _model_info(self, llm: AsyncLLM) -> ModelInfo:
+        self._collector.max_running = llm.vllm_config.scheduler_config.max_num_seqs
+        return ModelInfo(
+            id=self.config.model_name,
+            max_model_len=llm.model_config.max_model_len,
+            engine=self.name,
+            version=self.config.version,
+            default_max_tokens=self.config.default_max_tokens,
+        )
+
+    async def _warm_up(self) -> None:
+        """One tiny generation with logprobs: vLLM compiles its logprob-rank kernel on first
+        use (several seconds on CPU), which would otherwise stall the first such request."""
+        started = time.monotonic()
+        req = GenerationRequest("sluice-warm-up", SamplingParams(max_tokens=1, logprobs=1))
+        req.prompt = "Hello"
+        req.prompt_token_ids = await self.tokenize(req)
+        async for _ in self.generate(req):
+            pass
+        log.info("vLLM warm-up took %.1fs", time.monotonic() - started)
+
+    async def stop(self) -> None:
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            llm.shutdown()
+            del llm
+            # AsyncLLM.__del__ calls shutdown() again; let it run now, not at interpreter exit
+            # where it fails noisily on torn-down modules.
+            gc.collect()
+        self._tokenize_pool.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def model_info(self) -> ModelInfo:
+        if self._info is None:
+            raise RuntimeError("engine not started")
+        return self._info
+
+    async def tokenize(self, request: GenerationRequest) -> list[int]:
+        if self._tokenizer is None:
+            raise Unavailable("engine is not ready yet")
+        size = sum(len(m.content) for m in request.messages or ()) + len(request.prompt or "")
+        if size <= INLINE_TOKENIZE_CHARS:
+            return self._tokenize(request)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._tokenize_pool, self._tokenize, request)
+
+    def _tokenize(self, request: GenerationRequest) -> list[int]:
+        tok = self._tokenizer
+        if request.messages is None:
+            return list(tok.encode(request.prompt or ""))
+        messages = [{"role": m.role, "content": m.content} for m in request.messages]
+        try:
+            text = tok.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=request.add_generation_prompt
+            )
+        except Exception as exc:  # a template may reject a role order, e.g. jinja raise_exception
+            raise InvalidArgument(
+                "chat.messages", f"chat template refused the messages: {exc}"
+            ) from exc
+        # The template already holds the special tokens; do not add a second BOS.
+        return list(tok.encode(text, add_special_tokens=False))
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
+        return self._generate(request)
+
+    async def _generate(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
+        if self._llm is None:
+            raise Unavailable("engine is not ready yet")
+        from vllm.exceptions import GracefulHTTPError, VLLMClientError
+        from vllm.inputs import tokens_input
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        ids = request.prompt_token_ids
+        if ids is None:
+            ids = await self.tokenize(request)
+        sp = request.sampling
+        outputs = self._llm.generate(
+            tokens_input(ids), self._sampling_params(sp), request.request_id
+        )
+        completion = 0
+        try:
+            async for out in outputs:
+                seq = out.outputs[0]
+                new_ids = list(seq.token_ids)
+                completion += len(new_ids)
+                finish = None
+                if seq.finish_reason is not None:
+                    finish = FINISH_REASONS.get(seq.finish_reason)
+                    if finish is None:
+                        raise EngineError(f"engine failed the request ({seq.finish_reason})")
+                metrics = out.metrics
+                yield EngineOutput(
+                    text=seq.text,
+                    token_ids=new_ids,
+                    prompt_tokens=len(ids),
+                    completion_tokens=completion,
+                    finish_reason=finish,
+                    stop_sequence=seq.stop_reason if isinstance(seq.stop_reason, str) else "",
+                    cached_prompt_tokens=out.num_cached_tokens or 0,
+                    logprobs=_logprobs(seq.logprobs, new_ids, sp.logprobs or 0)
+                    if sp.logprobs is not None and seq.logprobs
+                    else None,
+                    scheduled_at=(metrics.scheduled_ts or None) if metrics is not None else None,
+                )
+                if finish is not None:
+                    return
+        except (ValueError, VLLMClientError) as exc:
+            raise _invalid(exc, request) from exc
+        except GracefulHTTPError as exc:  # vLLM's own queue limits
+            raise Overloaded(exc.message, retry_after_s=1.0) from exc
+        except EngineDeadError as exc:
+            raise Unavailable("the vLLM engine died") from exc
+        finally:
+            await outputs.aclose()  # aborts the request in vLLM unless it finished
+
+    def _sampling_params(self, sp: SamplingParams) -> Any:
+        from vllm.exceptions import VLLMClientError
+        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import SamplingParams as VllmSamplingParams
+
+        try:
+            return VllmSamplingParams(
+                n=sp.n,
+                temperature=sp.temperature,
+                top_p=sp.top_p,
+                top_k=sp.top_k,  # 0 means "all tokens" in vLLM too
+                seed=sp.seed,
+                stop=list(sp.stop),
+                presence_penalty=sp.presence_penalty,
+                frequency_penalty=sp.frequency_penalty,
+                repetition_penalty=sp.repetition_penalty,
+                logprobs=sp.logprobs,
+                ignore_eos=sp.ignore_eos,
+                min_tokens=sp.min_tokens,
+                max_tokens=sp.max_tokens or self.config.default_max_tokens,
+                output_kind=RequestOutputKind.DELTA,
+            )
+        except (ValueError, VLLMClientError) as exc:
+            raise _invalid(exc, None) from exc
+
+    async def abort(self, request_id: str) -> None:
+        if self._llm is not None:
+            await self._llm.abort(request_id)
+
+    def stats(self) -> EngineStats:
+        unfinished = self._llm.get_num_unfinished_requests() if self._llm is not None else 0
+        return self._collector.snapshot(unfinished)
+
+
+async def _start_llm(args: Any, collector: StatsCollector, config: EngineConfig) -> AsyncLLM:
+    """Build the AsyncLLM; a RuntimeError naming the refused option when vLLM will not start."""
+    from model_service.engines.vllm_args import start_error
+
+    try:
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        # StatsCollector duck-types vLLM's StatLoggerBase (its module stays vLLM-free).
+        factory = cast(Any, collector.factory)
+        # The engine core starts in a spawned process and the constructor blocks until it is
+        # ready (tens of seconds): run it off the loop so health checks still answer.
+        return await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[factory])
+    except Exception as exc:
+        raise start_error(exc, config) from exc
+
+
+def _invalid(exc: Exception, request: GenerationRequest | None) -> InvalidArgument:
+    """InvalidArgument naming the field vLLM refused, with vLLM's own message."""
+    message = str(exc.args[0]) if exc.args else str(exc)
+    param = getattr(exc, "parameter", None) or message.split(" ", 1)[0]
+    if param in SAMPLING_FIELDS:
+        return InvalidArgument(f"sampling.{param}", message)
+    if "prompt" in message and request is not None:
+        return InvalidArgument(
+            "chat.messages" if request.messages is not None else "prompt", message
+        )
+    return InvalidArgument("sampling", message)
+
+
+def _logprobs(positions: Any, token_ids: list[int], k: int) -> list[TokenLogprob]:
+    """vLLM's per-position {token id: Logprob} maps as TokenLogprob, top k ranked first.
+
+    Each map holds the k most likely tokens plus the sampled one, whatever its rank.
+    """
+    result = []
+    for tid, by_id in zip(token_ids, positions, strict=False):
+        chosen = by_id.get(tid)
+        top = sorted(
+            ((i, lp) for i, lp in by_id.items() if lp.rank is not None and lp.rank <= k),
+            key=lambda item: item[1].rank,
+        )
+        result.append(
+            TokenLogprob(
+                token_id=tid,
+                logprob=chosen.logprob if chosen is not None else float("-inf"),
+                top=tuple(TopLogprob(i, lp.decoded_token or "", lp.logprob) for i, lp in top),
+                text=(chosen.decoded_token or "") if chosen is not None else "",
+            )
+        )
+    return result
