@@ -139,9 +139,15 @@ class VllmEngine(Engine):
         if request.messages is None:
             return list(tok.encode(request.prompt or ""))
         messages = [{"role": m.role, "content": m.content} for m in request.messages]
+        # A final assistant message without a generation prompt is a prefix to continue
+        # (failover continuations): leave that turn open instead of closing it.
+        continue_final = not request.add_generation_prompt and messages[-1]["role"] == "assistant"
         try:
             text = tok.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=request.add_generation_prompt
+                messages,
+                tokenize=False,
+                add_generation_prompt=request.add_generation_prompt,
+                continue_final_message=continue_final,
             )
         except Exception as exc:  # a template may reject a role order, e.g. jinja raise_exception
             raise InvalidArgument(

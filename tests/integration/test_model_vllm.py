@@ -270,3 +270,17 @@ async def test_logprobs_cover_every_token_with_ranked_alternatives(stub):
             assert lp.top[0].token_id == lp.token_id and lp.top[0].logprob == lp.logprob <= 0
             assert lp.text == lp.top[0].text
         assert "".join(lp.text for lp in chunk.logprobs) == chunk.text
+
+
+async def test_final_assistant_message_is_continued_not_answered_anew(stub):
+    """Failover continuations send the text already streamed as an open assistant turn."""
+    whole = await generate(stub, start(messages=FRANCE, temperature=0, max_tokens=48))
+    words = whole.text.split(" ")
+    assert len(words) > 4
+    head = " ".join(words[:3])  # e.g. "The capital of"
+    req = start(messages=[*FRANCE, ("assistant", head)], temperature=0, max_tokens=48)
+    req.start.chat.add_generation_prompt = False
+    rest = await generate(stub, req)
+    # Greedy: the continuation is the rest of the uninterrupted answer, not a new reply.
+    assert (head + rest.text).startswith(whole.text[: len(head) + 10])
+    assert "Paris" in rest.text
