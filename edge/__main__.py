@@ -8,6 +8,7 @@ cancels their gRPC calls), then the channels to the workers close.
 from __future__ import annotations
 
 import logging
+import logging.config
 import os
 import signal
 import socket
@@ -21,6 +22,7 @@ from uvicorn.supervisors import Multiprocess
 from edge.app import create_app
 from edge.config import ENV_VAR, EdgeConfig, build_parser, config_from_args
 from edge.handlers import EdgeState
+from edge.logs import log_config
 
 log = logging.getLogger("sluice.edge")
 
@@ -76,7 +78,8 @@ def uvicorn_config(app: object, edge: EdgeConfig, **extra: object) -> uvicorn.Co
         loop="uvloop",
         http="httptools",
         lifespan="on",
-        access_log=edge.access_log,
+        access_log=edge.access_log and edge.log_format != "json",  # JSON: edge.logs has its own
+        log_config=log_config(edge.log_format, edge.log_level),  # applied in every process
         log_level=edge.log_level,
         timeout_graceful_shutdown=int(edge.drain_grace_s) or 1,
         **extra,  # type: ignore[arg-type]
@@ -85,9 +88,7 @@ def uvicorn_config(app: object, edge: EdgeConfig, **extra: object) -> uvicorn.Co
 
 def main(argv: list[str] | None = None) -> int:
     edge = config_from_args(build_parser().parse_args(argv))
-    logging.basicConfig(
-        level=edge.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.config.dictConfig(log_config(edge.log_format, edge.log_level))
     sock = bind(edge.host, edge.port, edge.socket_sndbuf)
     port = sock.getsockname()[1]
     if edge.processes > 1:

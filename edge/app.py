@@ -9,12 +9,13 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.routing import Route
 
-from edge import handlers
+from edge import admin, handlers
 from edge.config import EdgeConfig
 from edge.errors import ApiError
 from edge.handlers import EdgeState
 from edge.metrics import ASGIApp, MetricsMiddleware
-from edge.upstream import WorkerSet, channel_options
+from edge.pools import registry_from_config
+from edge.security import install as install_security
 
 ROUTES = (
     Route("/v1/chat/completions", handlers.chat_completions, methods=["POST"]),
@@ -36,7 +37,8 @@ def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        state.workers = WorkerSet(config.workers, channel_options(config.keepalive_s))
+        state.workers = registry_from_config(config)
+        state.metrics.extra = [state.workers.render_metrics]
         state.workers.start()
         try:
             yield
@@ -44,7 +46,7 @@ def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
             await state.workers.close()
 
     app = Starlette(
-        routes=list(ROUTES),
+        routes=[*ROUTES, *admin.ROUTES],
         exception_handlers={
             ApiError: handlers.on_api_error,
             HTTPException: handlers.on_http_error,
@@ -53,8 +55,11 @@ def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
         lifespan=lifespan,
     )
     app.state.edge = state
+    # Access log, CORS, keys and limits (edge/security.py; it also sets the TLS of worker
+    # channels), inside the metrics so that their 401s and 429s are counted.
+    secured = install_security(app, config, state.metrics)
     # Outermost, so even the 500s of Starlette's error middleware are counted.
-    return MetricsMiddleware(app, state.metrics, frozenset(r.path for r in ROUTES))
+    return MetricsMiddleware(secured, state.metrics, frozenset(r.path for r in ROUTES))
 
 
 def app_from_env() -> ASGIApp:

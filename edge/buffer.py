@@ -10,6 +10,7 @@ upstream reader stops, and gRPC flow control holds the worker back.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,8 @@ class Batch:
     cursor: int = 0  # upstream index the next message will have (for event ids)
     final: pb.Final | None = None
     error: ApiError | None = None
+    rx_ns: int = 0  # perf_counter_ns when its first chunk arrived (write-overhead metric)
+    stamp: int = 0  # worker_time_ns of its first chunk, when stamps were asked for
 
     @property
     def ended(self) -> bool:
@@ -50,6 +53,8 @@ class StreamBuffer:
     _final: pb.Final | None = None
     _error: ApiError | None = None
     _admitted: bool = False
+    _rx_ns: int = 0
+    _stamp: int = 0
     _ready: asyncio.Event = field(default_factory=asyncio.Event)
     _space: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -73,11 +78,16 @@ class StreamBuffer:
         self._admitted = True
         self._ready.set()
 
-    async def put_chunk(self, text: str, logprobs: list[dict[str, Any]] | None, index: int) -> None:
+    async def put_chunk(
+        self, text: str, logprobs: list[dict[str, Any]] | None, index: int, stamp: int = 0
+    ) -> None:
         """Add one upstream chunk; waits while the buffer is full."""
         while self._size >= self.max_bytes:
             self._space.clear()
             await self._space.wait()
+        if not self._text:  # the first of the next batch: one clock read per event
+            self._rx_ns = time.perf_counter_ns()
+            self._stamp = stamp
         self._text.append(text)
         self._size += len(text)
         if logprobs is not None:
@@ -135,6 +145,8 @@ class StreamBuffer:
             cursor=self._cursor,
             final=self._final,
             error=self._error,
+            rx_ns=self._rx_ns if n else 0,
+            stamp=self._stamp if n else 0,
         )
         if n > 1:
             self.merged_total += n

@@ -11,6 +11,12 @@ import os
 import secrets
 from dataclasses import dataclass, field
 
+from edge.pool_config import ROUTING_DEFAULTS as _R
+from edge.pool_config import add_arguments as add_pool_arguments
+from edge.pool_config import fields_from_args as pool_fields
+from edge.security import add_arguments as add_security_arguments
+from edge.security import fields_from_args as security_fields
+
 ENV_VAR = "SLUICE_EDGE_CONFIG"
 SECRET_ENV = "SLUICE_RESUME_SECRET"
 
@@ -46,8 +52,31 @@ class EdgeConfig:
     # HMAC key (hex) for event ids and stream links; replicas must share it to resume each
     # other's streams. Empty: SLUICE_RESUME_SECRET, else a random one per edge instance.
     resume_secret: str = ""
+    # Pools and routing (`edge/pool_config.py`): a pools file besides `--worker` flags, the
+    # admin API key (empty: admin API off), failover, passive health, load polling.
+    pools_file: str = ""
+    admin_key: str = ""
+    max_tries: int = _R.max_tries
+    retry_budget_s: float = _R.retry_budget_s
+    continue_on_failure: str = _R.continue_on_failure
+    max_fails: int = _R.max_fails
+    fail_timeout_s: float = _R.fail_timeout_s
+    stats_interval_s: float = _R.stats_interval_s
     access_log: bool = False
     log_level: str = "info"
+    # Security and limits (`edge/security.py` has the flags; README "Security and limits").
+    api_keys: list[str] = field(default_factory=list)  # "name:sha256 hex": never a key
+    rate_limit_rps: float = 0.0  # per key; 0 = off
+    rate_limit_burst: int = 0  # 0 = the rate (at least 1)
+    max_streams_per_key: int = 0  # generations in flight per key; 0 = no limit
+    max_prompt_chars: int = 0  # 0 = no limit (the body is still bounded by max_body_bytes)
+    cors_origins: list[str] = field(default_factory=list)
+    worker_tls_ca: str = ""  # any worker_tls_* set: TLS to workers (edge/tls.py)
+    worker_tls_cert: str = ""
+    worker_tls_key: str = ""
+    worker_tls_name: str = ""
+    log_format: str = "text"  # or "json" (with one access record per request)
+    allow_stamps: bool = False  # honour X-Sluice-Stamp-Times (benchmarks)
 
     def commit_wait_s(self) -> float:
         """How long a stream waits for the worker's first answer before committing to 200."""
@@ -117,6 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="",
         help="file holding the HMAC key for event ids (else $SLUICE_RESUME_SECRET, else random)",
     )
+    add_pool_arguments(p)
+    add_security_arguments(p)
     p.add_argument("--access-log", action="store_true")
     p.add_argument("--log-level", default=d.log_level)
     return p
@@ -126,7 +157,7 @@ def config_from_args(args: argparse.Namespace) -> EdgeConfig:
     if args.heartbeat <= 0 or args.request_timeout <= 0 or args.workers < 1:
         raise SystemExit("--heartbeat and --request-timeout must be positive, --workers at least 1")
     return EdgeConfig(
-        workers=args.worker or EdgeConfig().workers,
+        workers=args.worker or ([] if args.pools else EdgeConfig().workers),
         host=args.host,
         port=args.port,
         port_file=args.port_file,
@@ -144,6 +175,8 @@ def config_from_args(args: argparse.Namespace) -> EdgeConfig:
         stream_grace_s=args.stream_grace,
         stream_ttl_s=args.stream_ttl,
         resume_secret=resume_secret(args.resume_secret_file),
+        **pool_fields(args),
+        **security_fields(args),
         access_log=args.access_log,
         log_level=args.log_level,
     )

@@ -17,12 +17,17 @@ from starlette.responses import Response
 
 from edge.config import EdgeConfig
 from edge.errors import ApiError, internal_error, no_worker
+from edge.failover import FailoverCall, RoutedResponse
+from edge.limits import check_prompt
 from edge.metrics import CONTENT_TYPE, Metrics
 from edge.openai_format import make_format
 from edge.openai_schema import Kind, parse
+from edge.pools import PoolRegistry
 from edge.resume import PART_DONE, ResumeCodec, ResumePoint, bad_event_id
+from edge.routing import session_key
+from edge.security import stamps_wanted
 from edge.stream import GenerationResponse, Job
-from edge.upstream import GenerateCall, ResumeCall, WorkerSet
+from edge.upstream import GenerateCall, ResumeCall
 
 TRACE_HEADER = "x-request-id"
 LAST_EVENT_ID = "last-event-id"
@@ -40,7 +45,7 @@ class EdgeState:
 
     config: EdgeConfig
     metrics: Metrics = field(default_factory=Metrics)
-    workers: WorkerSet | None = None
+    workers: PoolRegistry | None = None
     draining: bool = False
     codec: ResumeCodec = field(init=False)
 
@@ -107,34 +112,39 @@ async def _generate(request: Request, kind: Kind) -> Response | GenerationRespon
     state = _state(request)
     cfg = state.config
     req = parse(kind, await _read_body(request, cfg.max_body_bytes))
+    check_prompt(req, cfg.max_prompt_chars)
     workers = _workers(state)
     last_event_id = request.headers.get(LAST_EVENT_ID)
     if req.stream and last_event_id:  # a retried stream: continue it, don't start anew
         point = state.codec.parse(last_event_id)
         return _resume_response(request, state, kind, point, req.include_usage)
-    worker = workers.pick(req.model)
+    key = session_key(request.headers, request.cookies, req.user)  # affinity, see routing
+    worker = workers.pick(req.model, key)
     request_id = uuid.uuid4().hex
     trace = _trace_id(request, request_id)
     start = req.to_start(request_id, detach_grace_ms=int(cfg.detach_grace_s * 1000))
+    start.stamp_times = stamps_wanted(request.headers, cfg)
     timeout = _timeout_s(request, req.stream, cfg)
+    call = FailoverCall(workers, worker, start, timeout, trace, key, req.model)
     model = req.model or worker.model_id()
     fmt = make_format(kind, request_id, model, int(time.time()), req.include_usage)
     job = Job(
         route=request.url.path,
         request_id=request_id,
         trace_id=trace,
-        call_factory=lambda: GenerateCall(worker, start, timeout, trace),
+        call_factory=lambda: call,
         fmt=fmt,
         stream=req.stream,
         logprobs=req.logprobs is not None,
         config=cfg,
         metrics=state.metrics,
         id_prefix=state.codec.prefix(request_id, worker.key),
+        stamps=start.stamp_times,
     )
-    return GenerationResponse(job)
+    return RoutedResponse(job, call, state.codec)
 
 
-def _workers(state: EdgeState) -> WorkerSet:
+def _workers(state: EdgeState) -> PoolRegistry:
     if state.workers is None:
         raise no_worker()
     return state.workers
@@ -170,6 +180,7 @@ def _resume_response(
         metrics=state.metrics,
         id_prefix=state.codec.prefix(point.request_id, point.worker),
         resume=None if from_start else point,
+        resumed="stream_link" if from_start else "last_event_id",
     )
     return GenerationResponse(job)
 
@@ -184,7 +195,9 @@ async def create_stream(request: Request) -> Response:
     state = _state(request)
     cfg = state.config
     req = parse("chat", await _read_body(request, cfg.max_body_bytes))
-    worker = _workers(state).pick(req.model)
+    check_prompt(req, cfg.max_prompt_chars)
+    key = session_key(request.headers, request.cookies, req.user)
+    worker = _workers(state).pick(req.model, key)
     request_id = uuid.uuid4().hex
     trace = _trace_id(request, request_id)
     start = req.to_start(request_id, detach_grace_ms=int(cfg.stream_grace_s * 1000))

@@ -1,8 +1,9 @@
 """Edge metrics in the Prometheus text exposition format, hand-written.
 
 Kept dependency-free on purpose (prometheus_client is not a dependency of the project):
-a handful of counters and gauges, each a dict keyed by its label values. Values are per
-edge process; with `--workers N` each process reports its own.
+counters and gauges, each a dict keyed by its label values, and histograms
+(`edge.histogram`). Values are per edge process; with `--workers N` each process reports
+its own (see edge.histogram).
 """
 
 from __future__ import annotations
@@ -11,6 +12,10 @@ import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+
+from starlette.routing import compile_path
+
+from edge.histogram import ITL_BUCKETS, LATENCY_BUCKETS, OVERHEAD_BUCKETS, Histogram
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -32,6 +37,16 @@ class Metrics:
         self.upstream_errors: defaultdict[str, int] = defaultdict(int)
         self.heartbeats = 0
         self.merged_chunks = 0
+        # Streams (edge.stream): per SSE event, not per token or byte.
+        self.ttft: defaultdict[str, Histogram] = defaultdict(lambda: Histogram(LATENCY_BUCKETS))
+        self.inter_event = Histogram(ITL_BUCKETS)
+        self.write_overhead = Histogram(OVERHEAD_BUCKETS)
+        self.resumes: defaultdict[str, int] = defaultdict(int)
+        # Security and limits (edge.auth, edge.limits), by reason.
+        self.auth_failures: defaultdict[str, int] = defaultdict(int)
+        self.admission_rejections: defaultdict[str, int] = defaultdict(int)
+        # More exposition text from other parts (the pools' per-pool and per-worker lines).
+        self.extra: list[Callable[[], str]] = []
 
     def render(self, workers_serving: int) -> bytes:
         """The exposition text."""
@@ -78,6 +93,46 @@ class Metrics:
             "Upstream chunks merged into a larger event because the client read slowly.",
             [("", self.merged_chunks)],
         )
+
+        def histogram(name: str, help_: str, series: list[tuple[str, Histogram]]) -> None:
+            lines.append(f"# HELP {name} {help_}")
+            lines.append(f"# TYPE {name} histogram")
+            for labels, h in series:
+                lines.extend(h.samples(name, labels))
+
+        histogram(
+            "sluice_edge_time_to_first_token_seconds",
+            "Request received to its first token event written (new streams only).",
+            [(f'route="{r}"', h) for r, h in sorted(self.ttft.items())],
+        )
+        histogram(
+            "sluice_edge_inter_token_latency_seconds",
+            "Time between a stream's token events as written (an event may hold several).",
+            [("", self.inter_event)],
+        )
+        histogram(
+            "sluice_edge_write_overhead_seconds",
+            "Per token event: its first gRPC message received to the SSE event written.",
+            [("", self.write_overhead)],
+        )
+        family(
+            "sluice_edge_resumes_total",
+            "counter",
+            "Streams continued from a Last-Event-ID, and stream links opened (GET /v1/streams).",
+            [(f'{{via="{k}"}}', v) for k, v in sorted(self.resumes.items())],
+        )
+        family(
+            "sluice_edge_admission_rejections_total",
+            "counter",
+            "Requests refused with 429 by the edge's per-key limits, by reason.",
+            [(f'{{reason="{k}"}}', v) for k, v in sorted(self.admission_rejections.items())],
+        )
+        family(
+            "sluice_edge_auth_failures_total",
+            "counter",
+            "Requests refused for a missing or invalid key.",
+            [(f'{{reason="{k}"}}', v) for k, v in sorted(self.auth_failures.items())],
+        )
         family(
             "sluice_edge_workers_serving",
             "gauge",
@@ -90,7 +145,7 @@ class Metrics:
             "Process start (Unix time).",
             [("", self.started)],
         )
-        return ("\n".join(lines) + "\n").encode()
+        return ("\n".join(lines) + "\n" + "".join(f() for f in self.extra)).encode()
 
 
 def _number(value: float) -> str:
@@ -98,19 +153,32 @@ def _number(value: float) -> str:
 
 
 class MetricsMiddleware:
-    """Counts every HTTP response by route and status (unknown paths share one label)."""
+    """Counts every HTTP response by route and status (unknown paths share one label).
+
+    Routes with parameters are counted under their template (`/v1/streams/{token}`), so
+    labels stay few and capabilities never become label values. The label also goes into
+    the scope (`sluice.route`) for the access log.
+    """
 
     def __init__(self, app: ASGIApp, metrics: Metrics, routes: frozenset[str]) -> None:
         self.app = app
         self.metrics = metrics
-        self.routes = routes
+        self.routes = frozenset(r for r in routes if "{" not in r)
+        self.templates = [(compile_path(r)[0], r) for r in sorted(routes) if "{" in r]
+
+    def route(self, path: str) -> str:
+        if path in self.routes:
+            return path
+        for regex, template in self.templates:
+            if regex.match(path):
+                return template
+        return "other"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path = scope["path"]
-        route = path if path in self.routes else "other"
+        route = scope["sluice.route"] = self.route(scope["path"])
 
         async def counting_send(message: Message) -> None:
             if message["type"] == "http.response.start":

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,12 +26,13 @@ import orjson
 
 from edge import sse
 from edge.buffer import Batch, StreamBuffer
+from edge.calls import UpstreamCall
 from edge.config import EdgeConfig
 from edge.errors import ApiError, from_status, from_status_code_number, internal_error
+from edge.logs import GENERATION, ROUTE
 from edge.metrics import Message, Metrics, Receive, Scope, Send
 from edge.openai_format import FINISH_REASONS, ChunkFormat, logprob_entries
 from edge.resume import PART_DONE, PART_FINISH, PART_USAGE, ResumePoint
-from edge.upstream import GenerateCall
 from generated import sluice_pb2 as pb
 
 log = logging.getLogger("sluice.edge")
@@ -54,7 +56,7 @@ class Job:
     route: str
     request_id: str  # ours, unique: the worker's request id, in chunk and event ids
     trace_id: str  # the client's X-Request-Id if it sent a usable one, else request_id
-    call_factory: Callable[[], GenerateCall]  # called inside the response's own task
+    call_factory: Callable[[], UpstreamCall]  # called inside the response's own task
     fmt: ChunkFormat
     stream: bool
     logprobs: bool
@@ -62,6 +64,10 @@ class Job:
     metrics: Metrics
     id_prefix: bytes  # signed head of every event id (`ResumeCodec.prefix`)
     resume: ResumePoint | None = None  # set when this response continues a stream
+    # How this response continues a generation: "" (a new one), "last_event_id" or
+    # "stream_link" (a first GET of /v1/streams/{token}); counted as resumes.
+    resumed: str = ""
+    stamps: bool = False  # put the worker's `worker_time_ns` into chunks (benchmarks)
 
 
 class GenerationResponse:
@@ -75,10 +81,16 @@ class GenerationResponse:
         self._retry_pending = True
         self._committed = False
         self._complete = False
+        self.final: pb.Final | None = None  # the worker's, once received (access log)
+        self._t0_ns = time.perf_counter_ns()
+        self._last_event_ns = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         metrics = self.job.metrics
         metrics.streams_in_flight += 1
+        scope[GENERATION] = self  # for the access log (edge.logs)
+        if self.job.resumed:
+            metrics.resumes[self.job.resumed] += 1
         work = asyncio.create_task(self._run(send))
         watcher = asyncio.create_task(_wait_disconnect(receive))
         try:
@@ -86,7 +98,7 @@ class GenerationResponse:
             # uvicorn also reports a disconnect once the response is complete; only an
             # earlier one is the client leaving.
             if not work.done() and not self._complete:
-                metrics.client_disconnects[self.job.route] += 1
+                metrics.client_disconnects[scope.get(ROUTE, self.job.route)] += 1
                 work.cancel()
             await asyncio.wait((work,))
         finally:
@@ -103,7 +115,7 @@ class GenerationResponse:
     async def _run(self, send: Send) -> None:
         cfg = self.job.config
         buf = StreamBuffer(cfg.stream_buffer_bytes)
-        call: GenerateCall | None = None
+        call: UpstreamCall | None = None
         reader: asyncio.Task[bool] | None = None
         try:
             call = self.job.call_factory()
@@ -154,13 +166,18 @@ class GenerationResponse:
             if batch.chunks > 1:
                 self.job.metrics.merged_chunks += batch.chunks
             if batch.text or batch.logprobs is not None:
-                out.append(self._event(self.fmt.delta(batch.text, batch.logprobs), batch.cursor))
+                data = self.fmt.delta(batch.text, batch.logprobs)
+                if batch.stamp:  # only with Job.stamps: the chunk's JSON gets one more field
+                    data = data[:-1] + b',"sluice_worker_time_ns":%d}' % batch.stamp
+                out.append(self._event(data, batch.cursor))
             if batch.ended:
                 out.extend(self._ending(batch))
                 await self._body(send, b"".join(out), more=False)
+                self._observe(batch)
                 return
             if out:
                 await self._body(send, out[0])
+                self._observe(batch)
 
     def _ending(self, batch: Batch) -> list[bytes]:
         """The last events: finish [+ usage] + [DONE], or one error event.
@@ -207,11 +224,26 @@ class GenerationResponse:
             await self._send_json(send, 200, orjson.dumps(body))
             return
 
+    def _observe(self, batch: Batch) -> None:
+        """After a token event was written: the edge's overhead since its first gRPC
+        message arrived, the gap since the previous event, or the time to first token."""
+        if not batch.rx_ns:
+            return
+        now = time.perf_counter_ns()
+        metrics = self.job.metrics
+        metrics.write_overhead.observe((now - batch.rx_ns) * 1e-9)
+        if self._last_event_ns:
+            metrics.inter_event.observe((now - self._last_event_ns) * 1e-9)
+        elif not self.job.resumed:
+            metrics.ttft[self.job.route].observe((now - self._t0_ns) * 1e-9)
+        self._last_event_ns = now
+
     # -- the upstream reader ----------------------------------------------------------
 
-    async def _read(self, call: GenerateCall, buf: StreamBuffer) -> bool:
+    async def _read(self, call: UpstreamCall, buf: StreamBuffer) -> bool:
         """gRPC -> buffer. Returns True once the RPC ended with OK after its final."""
         want_logprobs = self.job.logprobs
+        stamps = self.job.stamps
         try:
             if await call.admitted():
                 buf.admit()
@@ -220,8 +252,10 @@ class GenerationResponse:
                 if msg.WhichOneof("kind") == "chunk":
                     chunk = msg.chunk
                     lps = logprob_entries(chunk) if want_logprobs else None
-                    await buf.put_chunk(chunk.text, lps, msg.index)
+                    stamp = msg.worker_time_ns if stamps else 0
+                    await buf.put_chunk(chunk.text, lps, msg.index, stamp)
                 else:
+                    self.final = msg.final
                     buf.finish(msg.final, msg.index)
                     failed = _final_error(msg.final)
                     if failed is not None:
@@ -239,9 +273,7 @@ class GenerationResponse:
 
     # -- framing helpers --------------------------------------------------------------
 
-    def _event(
-        self, data: bytes, cursor: int, event: bytes | None = None, part: int = 0
-    ) -> bytes:
+    def _event(self, data: bytes, cursor: int, event: bytes | None = None, part: int = 0) -> bytes:
         eid = self._id_prefix + b"%d.%d" % (self._seq, cursor)
         if part:
             eid += b"~%d" % part

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from edge import tls
 from edge.errors import ApiError, from_rpc_error, no_worker
 from edge.resume import worker_key
 from generated import sluice_pb2 as pb
@@ -58,7 +59,7 @@ class Worker:
     def __init__(self, address: str, options: Sequence[tuple[str, int]]) -> None:
         self.address = address
         self.key = worker_key(address)
-        self.channel = grpc.aio.insecure_channel(address, options=list(options))
+        self.channel = tls.open_channel(address, options)  # TLS when configured (edge.tls)
         self.stub = pb_grpc.GenerationStub(self.channel)
         self._health = health_pb2_grpc.HealthStub(self.channel)
         self.status: int = UNKNOWN

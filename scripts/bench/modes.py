@@ -139,7 +139,9 @@ def overhead_mode(cfg: BenchConfig) -> dict[str, Any]:
             worker = started[-1].address
         edge = o.edge
         if "sse" in o.targets and not edge:
-            started.append(start_edge(worker, list(o.edge_args)))
+            # The edge forwards worker stamps only when told to (`--allow-stamps`).
+            stamps = ["--allow-stamps"] if stamp else []
+            started.append(start_edge(worker, [*stamps, *o.edge_args]))
             edge = started[-1].url
         pids = {p.name: p.pid for p in started}
         results = []

@@ -185,6 +185,7 @@ class OpenAIDriver:
         self.stamp = stamp
         self.timeout = timeout
         self.client = SSEClient(self.host, self.port)
+        self.api_key = api_key
         headers = [
             f"POST {self.path} HTTP/1.1",
             f"Host: {self.host}:{self.port}",
@@ -200,7 +201,7 @@ class OpenAIDriver:
     async def setup(self) -> None:
         """Find the served model's name when none was given."""
         if not self.model:
-            models = await get_json(self.host, self.port, self.models_path)
+            models = await get_json(self.host, self.port, self.models_path, api_key=self.api_key)
             data = models.get("data") or []
             if not data:
                 raise SystemExit(f"{self.name}: GET {self.models_path} lists no model")
@@ -271,14 +272,16 @@ def finish_record(rec: RequestRecord, sink: StreamSink) -> RequestRecord:
     return rec
 
 
-async def get_json(host: str, port: int, path: str, timeout: float = 10.0) -> dict:
+async def get_json(
+    host: str, port: int, path: str, timeout: float = 10.0, api_key: str = ""
+) -> dict:
     """A plain GET returning JSON (setup only: not on the measured path)."""
+    auth = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
+    request = f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n{auth}Connection: close\r\n\r\n"
     async with asyncio.timeout(timeout):
         reader, writer = await asyncio.open_connection(host, port)
         try:
-            writer.write(
-                f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n".encode()
-            )
+            writer.write(request.encode())
             raw = await reader.read()
         finally:
             writer.close()

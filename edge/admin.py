@@ -1,0 +1,147 @@
+"""The admin HTTP API: pools, weights and workers at runtime.
+
+Off unless a key is configured (`--admin-key` or `$SLUICE_ADMIN_KEY`): then every route
+answers 404 as if it did not exist. With a key, each request needs
+`Authorization: Bearer <key>` (compared in constant time): none is a 401, a wrong one a
+403. Changes apply to new requests at once and never move an in-flight stream.
+
+    GET    /admin/pools                          pools, weights, workers, recent outcomes
+    POST   /admin/pools                          {"name", "version", "weight", "workers",
+                                                  "rollback"}: a new pool
+    GET    /admin/pools/{name}                   one pool
+    DELETE /admin/pools/{name}                   remove a pool (its streams finish)
+    PUT    /admin/pools/{name}/weight            {"weight": 5}
+    POST   /admin/pools/{name}/workers           {"address": "host:port"}
+    DELETE /admin/pools/{name}/workers/{worker}  by address or id (its streams finish)
+
+State is per edge process: with `--workers N` > 1 each process has its own.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from edge.errors import ApiError, no_worker
+from edge.pool_config import PoolConfigError, parse_pool, parse_weight
+from edge.pools import PoolRegistry
+
+MAX_ADMIN_BODY = 64 * 1024
+
+
+def authorize(header: str | None, key: str) -> ApiError | None:
+    """None when `header` carries `key` as a Bearer token; else the error to answer. Pure."""
+    if not key:
+        return ApiError(404, "not found", type="not_found_error", code="http_404")
+    scheme, _, token = (header or "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return ApiError(401, "admin API needs 'Authorization: Bearer <key>'", code="unauthorized")
+    if not hmac.compare_digest(token.strip().encode(), key.encode()):
+        return ApiError(403, "wrong admin key", type="permission_error", code="forbidden")
+    return None
+
+
+def _json(body: object, status: int = 200) -> Response:
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+
+def _error(err: ApiError) -> Response:
+    headers = {"www-authenticate": "Bearer"} if err.status == 401 else None
+    return Response(err.json(), err.status, headers=headers, media_type="application/json")
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if len(raw) > MAX_ADMIN_BODY:
+        raise ApiError(413, "admin request body too large", code="request_too_large")
+    try:
+        body = orjson.loads(raw or b"{}")
+    except orjson.JSONDecodeError:
+        raise ApiError(400, "request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    return body
+
+
+def _admin(handler: Any) -> Any:
+    """Wrap a handler(request, registry): authorization first, errors as JSON."""
+
+    async def endpoint(request: Request) -> Response:
+        state = request.app.state.edge
+        denied = authorize(request.headers.get("authorization"), state.config.admin_key)
+        if denied is not None:
+            return _error(denied)
+        registry: PoolRegistry | None = state.workers
+        try:
+            if registry is None:
+                raise no_worker()
+            return await handler(request, registry)  # type: ignore[no-any-return]
+        except PoolConfigError as exc:
+            return _error(ApiError(400, str(exc), code="invalid_value"))
+        except ApiError as err:
+            return _error(err)
+
+    return endpoint
+
+
+def _one(registry: PoolRegistry, name: str) -> dict[str, Any]:
+    registry.pool(name)  # 404 if unknown
+    pools = registry.describe()["pools"]
+    assert isinstance(pools, list)
+    return next(p for p in pools if p["name"] == name)
+
+
+async def list_pools(request: Request, registry: PoolRegistry) -> Response:
+    return _json(registry.describe())
+
+
+async def create_pool(request: Request, registry: PoolRegistry) -> Response:
+    spec = parse_pool(await _body(request))
+    registry.add_pool(spec)
+    return _json(_one(registry, spec.name), 201)
+
+
+async def get_pool(request: Request, registry: PoolRegistry) -> Response:
+    return _json(_one(registry, request.path_params["name"]))
+
+
+async def delete_pool(request: Request, registry: PoolRegistry) -> Response:
+    registry.remove_pool(request.path_params["name"])
+    return Response(status_code=204)
+
+
+async def set_weight(request: Request, registry: PoolRegistry) -> Response:
+    name = request.path_params["name"]
+    weight = parse_weight((await _body(request)).get("weight"))
+    registry.set_weight(name, weight)
+    return _json(_one(registry, name))
+
+
+async def add_worker(request: Request, registry: PoolRegistry) -> Response:
+    name = request.path_params["name"]
+    address = (await _body(request)).get("address")
+    if not isinstance(address, str) or not address:
+        raise ApiError(400, "'address' must be host:port", param="address")
+    worker = registry.add_worker(name, address)
+    return _json(worker.describe(), 201)
+
+
+async def remove_worker(request: Request, registry: PoolRegistry) -> Response:
+    worker = registry.remove_worker(request.path_params["name"], request.path_params["worker"])
+    return _json(worker.describe())
+
+
+ROUTES = [
+    Route("/admin/pools", _admin(list_pools), methods=["GET"]),
+    Route("/admin/pools", _admin(create_pool), methods=["POST"]),
+    Route("/admin/pools/{name}", _admin(get_pool), methods=["GET"]),
+    Route("/admin/pools/{name}", _admin(delete_pool), methods=["DELETE"]),
+    Route("/admin/pools/{name}/weight", _admin(set_weight), methods=["PUT"]),
+    Route("/admin/pools/{name}/workers", _admin(add_worker), methods=["POST"]),
+    Route("/admin/pools/{name}/workers/{worker}", _admin(remove_worker), methods=["DELETE"]),
+]

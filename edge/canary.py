@@ -1,0 +1,81 @@
+"""Automatic canary rollback: a pool whose recent outcomes break its `rollback` bounds gets
+weight 0, once, with a log line and a count in /metrics (`sluice_edge_pool_rollbacks_total`).
+
+Judged every `CHECK_INTERVAL_S` over the pool's own window (`window_s`, at least
+`min_requests` outcomes): its error rate *in excess of the rest of the fleet's* over the
+same window against `max_error_rate`, its p99 TTFT against `max_p99_ttft_s`. A weight set
+again by an operator starts a fresh window. In-flight streams are never touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from edge.pool_config import RollbackSpec
+from edge.pool_metrics import WindowStats
+
+if TYPE_CHECKING:
+    from edge.pools import PoolRegistry
+
+log = logging.getLogger("sluice.edge")
+CHECK_INTERVAL_S = 0.25
+
+
+def verdict(spec: RollbackSpec, pool: WindowStats, rest: WindowStats) -> str | None:
+    """Why the pool must roll back now, or None. Pure."""
+    if pool.requests < spec.min_requests:
+        return None
+    if spec.max_error_rate is not None:
+        # The rest of the fleet only sets a baseline once it has enough outcomes itself.
+        baseline = rest.error_rate if rest.requests >= spec.min_requests else 0.0
+        excess = pool.error_rate - baseline
+        if excess > spec.max_error_rate:
+            return (
+                f"error rate {pool.error_rate:.1%} over {pool.requests} requests "
+                f"(rest of fleet {baseline:.1%}) exceeds the bound by more than "
+                f"{spec.max_error_rate:.1%}"
+            )
+    if spec.max_p99_ttft_s is not None and pool.ttft_p99_s is not None:
+        if pool.ttft_p99_s > spec.max_p99_ttft_s:
+            return f"p99 TTFT {pool.ttft_p99_s * 1000:.0f} ms > {spec.max_p99_ttft_s * 1000:.0f} ms"
+    return None
+
+
+def check(registry: PoolRegistry, now: float | None = None) -> list[str]:
+    """Judge every watched pool with weight > 0 once; roll back the failing ones."""
+    t = time.monotonic() if now is None else now
+    rolled: list[str] = []
+    for pool in list(registry.pools.values()):
+        spec = pool.rollback
+        if spec is None or pool.weight <= 0:
+            continue
+        stats = registry.pool_metrics(pool.name).window(spec.window_s, t)
+        others = [registry.pool_metrics(p).window(spec.window_s, t) for p in registry.pools]
+        rest = WindowStats(
+            sum(o.requests for o in others) - stats.requests,
+            sum(o.errors for o in others) - stats.errors,
+            None,
+            None,
+        )
+        reason = verdict(spec, stats, rest)
+        if reason is None:
+            continue
+        log.warning("canary rollback: pool %s to weight 0: %s", pool.name, reason)
+        pool.rolled_back = {"at": time.time(), "reason": reason, "weight": pool.weight}
+        registry.set_weight(pool.name, 0.0, reason="rollback")
+        registry.pool_metrics(pool.name).rollbacks += 1
+        rolled.append(pool.name)
+    return rolled
+
+
+async def watch(registry: PoolRegistry) -> None:
+    """Run `check` forever (a task of the registry)."""
+    while True:
+        await asyncio.sleep(CHECK_INTERVAL_S)
+        try:
+            check(registry)
+        except Exception:  # a bug here must not stop routing
+            log.exception("canary check failed")

@@ -1,0 +1,62 @@
+"""Continuing a generation elsewhere: which requests may be continued, the `start` that
+goes on from the text already sent, and how a `final` counts for its pool. Pure functions.
+
+Chat input is continued as a final assistant message holding the text sent so far, with
+`add_generation_prompt = false`; a raw prompt gets the text appended. The worker's chat
+template must then leave that assistant message open (the sim's does; for real templates
+that close every message, see the note in ARCHITECTURE.md).
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from edge.errors import from_status, from_status_code_number
+from edge.pool_metrics import CANCELLED, OK
+from generated import sluice_pb2 as pb
+
+_SUCCESS = (pb.FINISH_REASON_STOP, pb.FINISH_REASON_LENGTH)
+
+
+def may_continue(mode: str, sampling: pb.SamplingParams) -> bool:
+    """Whether a broken stream of a request with `sampling` may be continued elsewhere.
+
+    "sampled": only a sampled request without a seed (its text was one random draw; a
+    continuation is as valid a draw). "always": greedy and seeded ones too (greedy goes on
+    with the same text on the same model, up to tokenization at the cut; a seeded one loses
+    its reproducibility). "never": no continuation.
+    """
+    if mode == "always":
+        return True
+    if mode != "sampled":
+        return False
+    greedy = sampling.HasField("temperature") and sampling.temperature == 0
+    return not greedy and not sampling.HasField("seed")
+
+
+def continuation_start(
+    original: pb.StartGeneration, text: str, tokens: int, n: int
+) -> pb.StartGeneration:
+    """The `start` that goes on from `text` (`tokens` tokens) already sent to the client."""
+    start = pb.StartGeneration()
+    start.CopyFrom(original)
+    start.request_id = f"{original.request_id}-c{n}"
+    if start.WhichOneof("input") == "chat":
+        start.chat.messages.add(role="assistant", content=text)
+        start.chat.add_generation_prompt = False
+    else:
+        start.prompt = original.prompt + text
+    sp = start.sampling
+    if sp.HasField("max_tokens"):
+        sp.max_tokens = max(0, sp.max_tokens - tokens)
+    sp.min_tokens = max(0, sp.min_tokens - tokens)
+    return start
+
+
+def final_outcome(final: pb.Final) -> str:
+    if final.reason in _SUCCESS:
+        return OK
+    if final.reason == pb.FINISH_REASON_CANCELLED:
+        return CANCELLED
+    code = from_status_code_number(final.error.code) if final.error.code else None
+    return from_status(code or grpc.StatusCode.UNKNOWN, "").code or "upstream_error"

@@ -1,0 +1,56 @@
+"""CORS for browsers on other origins: an allowlist (`--cors-origin`, repeatable).
+
+Starlette's CORSMiddleware does the work; this module fixes the policy. Requests carry
+the key in `Authorization`, never in cookies, so responses never allow credentials and
+`*` (allowed only alone) means "any origin, no credentials". Preflights for POST with
+Authorization and Content-Type are answered before authentication (they carry no key);
+error responses (401, 429, ...) carry the CORS headers too, so a page can read them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from starlette.middleware.cors import CORSMiddleware
+
+from edge.metrics import ASGIApp
+
+ALLOW_METHODS = ("GET", "POST", "OPTIONS")
+ALLOW_HEADERS = (
+    "authorization",
+    "content-type",
+    "last-event-id",
+    "x-request-id",
+    "x-request-timeout",
+    "x-session-id",
+)
+EXPOSE_HEADERS = ("x-request-id", "retry-after", "retry-after-ms")
+MAX_AGE_S = 600
+_ORIGIN = re.compile(r"https?://[A-Za-z0-9.-]+(:\d{1,5})?|https?://\[[0-9A-Fa-f:.]+\](:\d{1,5})?")
+
+
+def check_origins(origins: Sequence[str]) -> list[str]:
+    """The allowlist, checked: `scheme://host[:port]` each (no path, no trailing slash),
+    or `*` alone. Raises ValueError."""
+    out = []
+    for o in origins:
+        if o == "*":
+            if len(origins) > 1:
+                raise ValueError("--cors-origin '*' must be the only origin")
+        elif not _ORIGIN.fullmatch(o):
+            raise ValueError(f"--cors-origin {o!r} is not an origin (scheme://host[:port])")
+        out.append(o)
+    return out
+
+
+def cors_middleware(app: ASGIApp, origins: Sequence[str]) -> ASGIApp:
+    return CORSMiddleware(
+        app,  # type: ignore[arg-type]
+        allow_origins=check_origins(origins),
+        allow_methods=ALLOW_METHODS,
+        allow_headers=ALLOW_HEADERS,
+        allow_credentials=False,
+        expose_headers=EXPOSE_HEADERS,
+        max_age=MAX_AGE_S,
+    )

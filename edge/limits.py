@@ -1,0 +1,160 @@
+"""Per-key limits at the edge: requests per second, concurrent generations, prompt size.
+
+- Rate: a token bucket per caller (`--rate-limit` per second, `--rate-burst` deep) over
+  every request that needs an API key. Past it: 429 `rate_limit_exceeded` with
+  Retry-After (when the bucket holds a token again).
+- Concurrency: at most `--max-streams-per-key` generations (`/v1/chat/completions`,
+  `/v1/completions`, streamed or not) in flight per caller. Past it: 429
+  `concurrency_limit_exceeded`. A slot is held until the response's last byte is sent
+  or the request's ASGI call returns, whichever comes first: the stream ended, or the
+  client went away (the response notices a disconnect at once and returns).
+- Prompt: `--max-prompt-chars` bounds the characters of the prompt (all chat messages'
+  content together), checked before any worker is called: 400 naming `messages` or
+  `prompt`. The request body itself is bounded by `--max-body-bytes` (413).
+
+The caller is the API key's name (`edge.auth.CALLER`); with authentication off, every
+request is the one caller "anonymous", so the limits become edge-wide. State is per edge
+process: with `--workers N` (or N replicas) a key gets up to N times the limits.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+from edge.auth import CALLER, send_error
+from edge.errors import ApiError
+from edge.metrics import ASGIApp, Message, Receive, Scope, Send
+from edge.openai_schema import GenRequest
+
+GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+CONCURRENCY_RETRY_S = 1.0  # no way to know when a stream ends: a plain hint
+
+
+@dataclass(slots=True)
+class TokenBucket:
+    """`rate` tokens a second, at most `burst` stored; one token per request."""
+
+    rate: float
+    burst: float
+    tokens: float = -1.0  # -1: full on first use
+    stamp: float = 0.0
+
+    def take(self, now: float) -> float:
+        """0 if a token was taken, else seconds until one is there."""
+        if self.tokens < 0:
+            self.tokens = self.burst
+        else:
+            self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return 0.0
+        return (1.0 - self.tokens) / self.rate
+
+
+def rate_limited(wait_s: float) -> ApiError:
+    return ApiError(
+        429,
+        "Rate limit reached for this API key; retry after the Retry-After delay.",
+        type="rate_limit_error",
+        code="rate_limit_exceeded",
+        retryable=True,
+        retry_after_s=max(wait_s, 0.001),
+    )
+
+
+def too_many_streams(limit: int) -> ApiError:
+    return ApiError(
+        429,
+        f"This API key already has {limit} generations in flight (the most allowed); "
+        "retry once one has finished.",
+        type="rate_limit_error",
+        code="concurrency_limit_exceeded",
+        retryable=True,
+        retry_after_s=CONCURRENCY_RETRY_S,
+    )
+
+
+class LimitsMiddleware:
+    """Rate and concurrency limits for requests that carry a caller (see module doc)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        rate: float,
+        burst: int,
+        max_streams: int,
+        rejections: dict[str, int],
+    ) -> None:
+        self.app = app
+        self.rate = rate
+        self.burst = float(burst or max(1, math.ceil(rate)))
+        self.max_streams = max_streams
+        self.rejections = rejections  # Metrics.admission_rejections: counted by reason
+        self.buckets: dict[str, TokenBucket] = {}
+        self.streams: defaultdict[str, int] = defaultdict(int)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        caller = scope.get(CALLER)
+        if caller is None or scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.rate > 0:
+            bucket = self.buckets.get(caller)
+            if bucket is None:
+                bucket = self.buckets[caller] = TokenBucket(self.rate, self.burst)
+            wait = bucket.take(time.monotonic())
+            if wait > 0:
+                self.rejections["rate_limit"] += 1
+                await send_error(send, rate_limited(wait))
+                return
+        if not (self.max_streams and scope["path"] in GENERATION_PATHS):
+            await self.app(scope, receive, send)
+            return
+        if self.streams[caller] >= self.max_streams:
+            self.rejections["concurrency"] += 1
+            await send_error(send, too_many_streams(self.max_streams))
+            return
+        self.streams[caller] += 1
+        held = True
+
+        def release() -> None:
+            nonlocal held
+            if held:
+                held = False
+                self.streams[caller] -= 1
+                if not self.streams[caller]:
+                    del self.streams[caller]
+
+        async def releasing_send(message: Message) -> None:
+            # Free the slot as the last byte goes out, not when the app returns (it may
+            # still wait for the RPC's status): a client that reads the end and sends its
+            # next request at once must find the slot free. No await in between.
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                release()
+            await send(message)
+
+        try:
+            await self.app(scope, receive, releasing_send)
+        finally:
+            release()
+
+
+def check_prompt(req: GenRequest, max_chars: int) -> None:
+    """400 when the prompt is longer than `max_chars` characters (0: no limit)."""
+    if max_chars <= 0:
+        return
+    if req.messages is not None:
+        size, param = sum(len(content) for _, content in req.messages), "messages"
+    else:
+        size, param = len(req.prompt or ""), "prompt"
+    if size > max_chars:
+        raise ApiError(
+            400,
+            f"'{param}' holds {size} characters, more than this server's limit of {max_chars}",
+            param=param,
+            code="prompt_too_long",
+        )

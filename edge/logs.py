@@ -1,0 +1,146 @@
+"""Edge logging: text for people or one JSON object per line (`--log-format json`), and
+in JSON mode one access record per request.
+
+The access record (logger `sluice.edge.access`) carries `request_id` (the generation's id,
+which the worker logs as `request_id` too), `trace_id` (the client's X-Request-Id when it
+sent a usable one, passed to the worker as gRPC metadata `x-request-id`, which the worker
+logs as `trace_id`), method, route (the template: stream-link capabilities never reach
+the log), status, duration (until the last byte of a stream), token counts, the API key's
+name and the client address. The configuration is a `logging.config.dictConfig` dict that
+uvicorn applies in every process, so `--workers N` processes log the same way.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import re
+import time
+import uuid
+from typing import Any
+
+from uvicorn.config import LOGGING_CONFIG
+
+from edge.auth import CALLER
+from edge.metrics import ASGIApp, Message, Receive, Scope, Send
+from generated import sluice_pb2 as pb
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+ROUTE = "sluice.route"  # scope key: the route template (set by MetricsMiddleware)
+GENERATION = "sluice.generation"  # scope key: the GenerationResponse that served it
+_STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "color_message"}
+_TRACE_RE = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
+access_log = logging.getLogger("sluice.edge.access")
+
+
+class JsonFormatter(logging.Formatter):
+    """`{"ts", "level", "logger", "msg", ...extra fields}` on one line (as the worker's)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for key, value in record.__dict__.items():
+            if key not in _STANDARD and not key.startswith("_"):
+                out[key] = value
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def log_config(fmt: str, level: str) -> dict[str, Any]:
+    """dictConfig for the process and for uvicorn (`uvicorn.Config(log_config=...)`).
+
+    text: uvicorn's own format for its loggers (as before), ours for the rest;
+    json: everything, uvicorn's loggers included, through one JSON handler.
+    """
+    root = {"handlers": ["sluice"], "level": level.upper()}
+    if fmt == "json":
+        return {
+            "version": 1,
+            "disable_existing_loggers": False,
+            "formatters": {"json": {"()": JsonFormatter}},
+            "handlers": {
+                "sluice": {
+                    "class": "logging.StreamHandler",
+                    "formatter": "json",
+                    "stream": "ext://sys.stderr",
+                }
+            },
+            "root": root,
+            "loggers": {
+                "uvicorn": {"handlers": [], "propagate": True},
+                "uvicorn.access": {"handlers": [], "propagate": True},
+            },
+        }
+    cfg = copy.deepcopy(LOGGING_CONFIG)
+    cfg["formatters"]["sluice"] = {"format": TEXT_FORMAT}
+    cfg["handlers"]["sluice"] = {
+        "class": "logging.StreamHandler",
+        "formatter": "sluice",
+        "stream": "ext://sys.stderr",
+    }
+    cfg["root"] = root
+    return cfg
+
+
+class AccessLogMiddleware:
+    """One `sluice.edge.access` record per HTTP request, when its response is done."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        status = 0
+
+        async def recording_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, recording_send)
+        finally:
+            access_log.info(
+                "%s %s %d", scope["method"], scope.get(ROUTE, "other"), status,
+                extra=record(scope, status, time.perf_counter() - t0),
+            )  # fmt: skip
+
+
+def record(scope: Scope, status: int, duration_s: float) -> dict[str, Any]:
+    """The access record's fields."""
+    out: dict[str, Any] = {
+        "method": scope["method"],
+        "route": scope.get(ROUTE, "other"),
+        "status": status,
+        "duration_ms": round(duration_s * 1000, 3),
+        "key": scope.get(CALLER),
+        "client": (scope.get("client") or ("", 0))[0],
+    }
+    gen = scope.get(GENERATION)
+    if gen is not None:
+        out["request_id"] = gen.job.request_id
+        out["trace_id"] = gen.job.trace_id
+        final = gen.final
+        if final is not None:
+            out["prompt_tokens"] = final.usage.prompt_tokens
+            out["completion_tokens"] = final.usage.completion_tokens
+            out["finish"] = pb.FinishReason.Name(final.reason)
+        return out
+    given = ""
+    for name, value in scope.get("headers", ()):
+        if name == b"x-request-id":
+            given = value.decode("latin-1")
+    out["request_id"] = uuid.uuid4().hex
+    out["trace_id"] = given if _TRACE_RE.fullmatch(given) else out["request_id"]
+    return out

@@ -1,0 +1,221 @@
+"""Pools of workers as configured: the `--pools` file (JSON or TOML), `--worker` flags, and
+the routing options (failover, passive health, canary rollback).
+
+A pools file holds a list of pools, each with a unique name, a model version label, a
+weight (share of new traffic, >= 0) and worker addresses; a pool may add a `rollback`
+table (automatic canary rollback bounds). `--worker ADDR` flags form one more pool named
+`default` (weight 1). See `edge/pools.example.toml`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_POOL = "default"
+ADMIN_KEY_ENV = "SLUICE_ADMIN_KEY"
+CONTINUE_MODES = ("never", "sampled", "always")
+MAX_NAME = 64
+
+
+class PoolConfigError(ValueError):
+    """A pools file or admin request that does not describe valid pools."""
+
+
+@dataclass(slots=True)
+class RollbackSpec:
+    """Bounds on a canary pool: broken over `window_s` with at least `min_requests`
+    outcomes, its weight drops to 0.
+
+    `max_error_rate` bounds the errors the pool *adds*: its error rate minus the rest of the
+    fleet's over the same window (so clients' own bad requests, which fail everywhere, do
+    not roll a canary back). `max_p99_ttft_s` bounds its p99 time to first token.
+    """
+
+    max_error_rate: float | None = None
+    max_p99_ttft_s: float | None = None
+    window_s: float = 60.0
+    min_requests: int = 20
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "max_error_rate": self.max_error_rate,
+            "max_p99_ttft_s": self.max_p99_ttft_s,
+            "window_s": self.window_s,
+            "min_requests": self.min_requests,
+        }
+
+
+@dataclass(slots=True)
+class PoolSpec:
+    """One pool as configured."""
+
+    name: str
+    version: str = ""
+    weight: float = 1.0
+    workers: list[str] = field(default_factory=list)
+    rollback: RollbackSpec | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingOptions:
+    """How the edge retries and judges workers (from EdgeConfig)."""
+
+    max_tries: int = 3  # attempts per request, first one included, each on another worker
+    retry_budget_s: float = 5.0  # longest time spent finding a replacement after a failure
+    continue_on_failure: str = "sampled"  # after tokens were sent: never | sampled | always
+    max_fails: int = 1  # passive failures within fail_timeout_s that take a worker out...
+    fail_timeout_s: float = 10.0  # ...for this long (nginx's max_fails / fail_timeout)
+    stats_interval_s: float = 0.0  # GetStats poll per worker (0: the edge's own counts only)
+
+
+ROUTING_DEFAULTS = RoutingOptions()
+
+
+def _number(raw: dict[str, Any], name: str, default: float | None, lo: float = 0.0) -> Any:
+    value = raw.get(name, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise PoolConfigError(f"{name} must be a number")
+    if value < lo:
+        raise PoolConfigError(f"{name} must be at least {lo}")
+    return value
+
+
+def parse_weight(value: Any) -> float:
+    return float(_number({"weight": value}, "weight", None))
+
+
+def parse_rollback(raw: Any) -> RollbackSpec | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise PoolConfigError("rollback must be a table/object")
+    unknown = set(raw) - set(RollbackSpec.__slots__)  # type: ignore[attr-defined]
+    if unknown:
+        raise PoolConfigError(f"unknown rollback keys: {sorted(unknown)}")
+    spec = RollbackSpec(
+        max_error_rate=_number(raw, "max_error_rate", None),
+        max_p99_ttft_s=_number(raw, "max_p99_ttft_s", None),
+        window_s=_number(raw, "window_s", 60.0, lo=0.1),
+        min_requests=int(_number(raw, "min_requests", 20, lo=1)),
+    )
+    if spec.max_error_rate is None and spec.max_p99_ttft_s is None:
+        raise PoolConfigError("rollback needs max_error_rate or max_p99_ttft_s")
+    return spec
+
+
+def parse_pool(raw: Any) -> PoolSpec:
+    """One pool from a decoded file entry or an admin request body."""
+    if not isinstance(raw, dict):
+        raise PoolConfigError("a pool must be a table/object")
+    unknown = set(raw) - {"name", "version", "weight", "workers", "rollback"}
+    if unknown:
+        raise PoolConfigError(f"unknown pool keys: {sorted(unknown)}")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name or len(name) > MAX_NAME or "/" in name:
+        raise PoolConfigError(f"pool name must be 1-{MAX_NAME} characters without '/'")
+    version = raw.get("version", "")
+    workers = raw.get("workers", [])
+    if not isinstance(version, str):
+        raise PoolConfigError(f"pool {name}: version must be a string")
+    if not isinstance(workers, list) or not all(isinstance(a, str) and a for a in workers):
+        raise PoolConfigError(f"pool {name}: workers must be a list of host:port strings")
+    try:
+        weight = parse_weight(raw.get("weight", 1.0))
+        rollback = parse_rollback(raw.get("rollback"))
+    except PoolConfigError as exc:
+        raise PoolConfigError(f"pool {name}: {exc}") from None
+    return PoolSpec(name, version, weight, list(workers), rollback)
+
+
+def load_pools(path: str) -> list[PoolSpec]:
+    """The pools of a file: TOML for `*.toml`, else JSON (`{"pools": [...]}` or a list)."""
+    text = Path(path).read_text()
+    try:
+        raw: Any = tomllib.loads(text) if path.endswith(".toml") else json.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        raise PoolConfigError(f"{path}: {exc}") from None
+    if isinstance(raw, dict):
+        raw = raw.get("pools")
+    if not isinstance(raw, list):
+        raise PoolConfigError(f"{path}: expected a list of pools under 'pools'")
+    return [parse_pool(p) for p in raw]
+
+
+def build_pools(pools_file: str, addresses: list[str]) -> list[PoolSpec]:
+    """The file's pools plus the `default` pool of `--worker` flags; checked for clashes."""
+    pools = load_pools(pools_file) if pools_file else []
+    if addresses:
+        pools.append(PoolSpec(DEFAULT_POOL, "", 1.0, list(addresses)))
+    names: set[str] = set()
+    seen: set[str] = set()
+    for p in pools:
+        if p.name in names:
+            raise PoolConfigError(f"pool {p.name!r} is defined twice")
+        names.add(p.name)
+        for a in p.workers:
+            if a in seen:
+                raise PoolConfigError(f"worker {a} is in more than one pool")
+            seen.add(a)
+    if not seen:
+        raise PoolConfigError("no worker addresses: give --worker or --pools")
+    return pools
+
+
+# -- CLI ------------------------------------------------------------------------------
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The routing flags of `python -m edge`."""
+    d = ROUTING_DEFAULTS
+    g = p.add_argument_group("pools and routing")
+    g.add_argument("--pools", default="", help="pools file (JSON, or TOML by extension)")
+    g.add_argument(
+        "--admin-key",
+        default=os.environ.get(ADMIN_KEY_ENV, ""),
+        help=f"Bearer key of the /admin API (default: ${ADMIN_KEY_ENV}; none: admin API off)",
+    )
+    g.add_argument("--max-tries", type=int, default=d.max_tries, help="attempts per request")
+    g.add_argument(
+        "--retry-budget", type=float, default=d.retry_budget_s, help="seconds to find a replacement"
+    )
+    g.add_argument(
+        "--continue-on-failure",
+        choices=CONTINUE_MODES,
+        default=d.continue_on_failure,
+        help="continue a stream on another worker after a mid-stream failure",
+    )
+    g.add_argument("--max-fails", type=int, default=d.max_fails, help="0: no passive marking")
+    g.add_argument("--fail-timeout", type=float, default=d.fail_timeout_s, help="seconds")
+    g.add_argument(
+        "--stats-interval", type=float, default=d.stats_interval_s, help="GetStats poll, seconds"
+    )
+
+
+def fields_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """EdgeConfig fields for the routing flags (validated)."""
+    if args.max_tries < 1 or args.retry_budget < 0 or args.max_fails < 0:
+        raise SystemExit("--max-tries must be at least 1, --retry-budget/--max-fails >= 0")
+    if args.pools:
+        try:
+            build_pools(args.pools, args.worker)  # fail at the command line, not at startup
+        except (OSError, PoolConfigError) as exc:
+            raise SystemExit(f"--pools: {exc}") from None
+    return {
+        "pools_file": args.pools,
+        "admin_key": args.admin_key,
+        "max_tries": args.max_tries,
+        "retry_budget_s": args.retry_budget,
+        "continue_on_failure": args.continue_on_failure,
+        "max_fails": args.max_fails,
+        "fail_timeout_s": args.fail_timeout,
+        "stats_interval_s": args.stats_interval,
+    }

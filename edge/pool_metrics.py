@@ -1,0 +1,142 @@
+"""Per-pool metrics: attempts by outcome, TTFT and inter-token latency histograms, and a
+sliding window of recent outcomes (error rate and TTFT percentiles for canary rollback and
+the admin API).
+
+An *attempt* is one upstream call: a request that fails over counts once for every pool
+it tried, so a failing canary shows its errors even when clients were rescued elsewhere.
+Outcomes are the edge's error codes ("ok", "unavailable", "overloaded", "invalid_value",
+...); "cancelled" (the client left) is neither a success nor an error.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+OK = "ok"
+CANCELLED = "cancelled"
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+WINDOW_CAP = 20_000  # outcomes kept per pool at most, whatever the window length
+MAX_WINDOW_S = 3600.0  # and none older than this
+
+
+@dataclass(slots=True)
+class Histogram:
+    """Cumulative-on-render Prometheus histogram."""
+
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    n: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * (len(self.bounds) + 1)
+
+    def observe(self, value: float, weight: int = 1) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += weight
+        self.total += value * weight
+        self.n += weight
+
+    def samples(self, name: str, labels: str) -> Iterable[str]:
+        running = 0
+        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            running += count
+            le = "+Inf" if bound == float("inf") else repr(bound)
+            yield f'{name}_bucket{{{labels},le="{le}"}} {running}'
+        yield f"{name}_sum{{{labels}}} {self.total!r}"
+        yield f"{name}_count{{{labels}}} {self.n}"
+
+
+@dataclass(slots=True)
+class WindowStats:
+    """What a pool's window says now."""
+
+    requests: int  # outcomes counted (cancelled ones excluded)
+    errors: int
+    ttft_p50_s: float | None
+    ttft_p99_s: float | None
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.requests if self.requests else 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "requests": self.requests,
+            "errors": self.errors,
+            "error_rate": round(self.error_rate, 4),
+            "ttft_p50_ms": None if self.ttft_p50_s is None else round(self.ttft_p50_s * 1000, 2),
+            "ttft_p99_ms": None if self.ttft_p99_s is None else round(self.ttft_p99_s * 1000, 2),
+        }
+
+
+def percentile(sorted_values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile of already sorted values (None when empty)."""
+    if not sorted_values:
+        return None
+    rank = max(1, min(len(sorted_values), int(-(-q * len(sorted_values) // 1))))
+    return sorted_values[rank - 1]
+
+
+class PoolMetrics:
+    """Counters, histograms and the recent window of one pool."""
+
+    def __init__(self) -> None:
+        self.outcomes: dict[str, int] = {}
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.itl = Histogram(ITL_BUCKETS)
+        self.continuations = 0
+        self.rollbacks = 0
+        # (monotonic time, is_error, ttft or None); cancelled attempts are not kept.
+        self._window: deque[tuple[float, bool, float | None]] = deque(maxlen=WINDOW_CAP)
+
+    def outcome(self, code: str, ttft_s: float | None, now: float | None = None) -> None:
+        self.outcomes[code] = self.outcomes.get(code, 0) + 1
+        if code != CANCELLED:
+            t = time.monotonic() if now is None else now
+            self._window.append((t, code != OK, ttft_s))
+
+    def clear_window(self) -> None:
+        self._window.clear()
+
+    def window(self, window_s: float, now: float | None = None) -> WindowStats:
+        t = time.monotonic() if now is None else now
+        while self._window and self._window[0][0] < t - MAX_WINDOW_S:
+            self._window.popleft()
+        since = t - window_s
+        recent = list(itertools.takewhile(lambda e: e[0] >= since, reversed(self._window)))
+        errors = sum(1 for _, err, _ in recent if err)
+        ttfts = sorted(v for _, _, v in recent if v is not None)
+        return WindowStats(len(recent), errors, percentile(ttfts, 0.5), percentile(ttfts, 0.99))
+
+
+def render(pools: dict[str, PoolMetrics]) -> str:
+    """Prometheus text for every pool (appended to the edge's /metrics)."""
+    lines: list[str] = []
+
+    def head(name: str, kind: str, help_: str) -> None:
+        lines.append(f"# HELP {name} {help_}")
+        lines.append(f"# TYPE {name} {kind}")
+
+    head("sluice_edge_pool_requests_total", "counter", "Upstream attempts by pool and outcome.")
+    for pool, m in sorted(pools.items()):
+        for code, v in sorted(m.outcomes.items()):
+            lines.append(f'sluice_edge_pool_requests_total{{pool="{pool}",outcome="{code}"}} {v}')
+    head("sluice_edge_pool_ttft_seconds", "histogram", "Time to first token per attempt.")
+    for pool, m in sorted(pools.items()):
+        lines.extend(m.ttft.samples("sluice_edge_pool_ttft_seconds", f'pool="{pool}"'))
+    head("sluice_edge_pool_inter_token_seconds", "histogram", "Time between tokens.")
+    for pool, m in sorted(pools.items()):
+        lines.extend(m.itl.samples("sluice_edge_pool_inter_token_seconds", f'pool="{pool}"'))
+    head("sluice_edge_pool_continuations_total", "counter", "Streams continued on this pool.")
+    for pool, m in sorted(pools.items()):
+        lines.append(f'sluice_edge_pool_continuations_total{{pool="{pool}"}} {m.continuations}')
+    head("sluice_edge_pool_rollbacks_total", "counter", "Automatic canary rollbacks.")
+    for pool, m in sorted(pools.items()):
+        lines.append(f'sluice_edge_pool_rollbacks_total{{pool="{pool}"}} {m.rollbacks}')
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,368 @@
+"""The pools of workers behind this edge, their runtime changes, and the choice of a worker.
+
+`PoolRegistry` replaces the single `WorkerSet`: the same `workers`/`ready()`/`pick()`/
+`start()`/`close()` surface for the HTTP handlers, plus pools with weights, session
+affinity and failover exclusions (the math is in `edge.routing`), runtime changes for the
+admin API, per-pool metrics and the canary watch.
+
+Changes apply to new requests at once (same event loop, no locks): a call already running
+keeps its worker whatever happens to weights or membership. A removed worker leaves
+rotation at once; its channel closes when its last call on this edge ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable, Collection, Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from edge import canary, pool_metrics
+from edge.config import EdgeConfig
+from edge.errors import ApiError, no_worker
+from edge.pool_config import PoolSpec, RollbackSpec, RoutingOptions, build_pools
+from edge.pool_metrics import PoolMetrics
+from edge.pool_worker import PoolWorker
+from edge.routing import hrw, two_choices, weighted_hrw, weighted_random
+from edge.upstream import UNKNOWN, channel_options
+
+log = logging.getLogger("sluice.edge")
+
+
+@dataclass(eq=False)
+class Pool:
+    """Workers of one model version, and their share of new traffic."""
+
+    name: str
+    version: str
+    weight: float
+    rollback: RollbackSpec | None = None
+    workers: dict[str, PoolWorker] = field(default_factory=dict)  # by address
+    rolled_back: dict[str, object] | None = None  # the last automatic rollback
+
+
+Group = tuple[Pool, list[PoolWorker]]
+# Stricter first: routable; then SERVING ignoring passive marks (nginx tries marked-down
+# servers when nothing else is left); then workers whose health is not known yet.
+_LEVELS: tuple[Callable[[PoolWorker, float], bool], ...] = (
+    lambda w, now: w.routable(now),
+    lambda w, now: w.serving and not w.removed,
+    lambda w, now: w.status == UNKNOWN and not w.removed,
+)
+
+
+class PoolRegistry:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        specs: Sequence[PoolSpec],
+        opts: RoutingOptions,
+        channel_options: Sequence[tuple[str, int]],
+        rng: random.Random | None = None,
+    ) -> None:
+        self.options = opts
+        self._channel_options = list(channel_options)
+        self._rng = rng or random.Random()
+        self.pools: dict[str, Pool] = {}
+        self.metrics: dict[str, PoolMetrics] = {}
+        self._retiring: set[PoolWorker] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._started = False
+        for spec in specs:
+            self.add_pool(spec)
+
+    # -- life -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._started = True
+        for w in self.workers:
+            w.start()
+        self._spawn(canary.watch(self), "canary watch")
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        everyone = [*self.workers, *self._retiring]
+        await asyncio.gather(*(w.close() for w in everyone), return_exceptions=True)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- the WorkerSet surface ----------------------------------------------------------
+
+    @property
+    def workers(self) -> list[PoolWorker]:
+        """Every worker in a pool (removed ones that still finish calls are not listed)."""
+        return [w for p in self.pools.values() for w in p.workers.values()]
+
+    def ready(self) -> bool:
+        """At least one worker reports SERVING."""
+        return any(w.serving for w in self.workers)
+
+    def pick(
+        self,
+        model: str = "",
+        key: str = "",
+        exclude: Collection[str] = (),
+        prefer_pool: str = "",
+    ) -> PoolWorker:
+        """A worker for a new generation (or a retry: `exclude` holds addresses tried).
+
+        With a session key: the key's pool by weighted rendezvous, then its worker by
+        rendezvous. Without: a pool at random by weight, then two random choices by load.
+        `prefer_pool` (a failover) stays in that pool while it has candidates. Raises
+        ApiError: 404 when SERVING workers exist but none has `model`, else 503.
+        """
+        now = time.monotonic()
+        for level in _LEVELS:
+            groups = self._groups(model, exclude, level, now)
+            if groups:
+                return self._choose(groups, key, prefer_pool)
+        serving = [w for w in self.workers if w.serving and not w.removed]
+        if model and serving and not any(_has_model(w, model) for w in serving):
+            names = sorted({m.id for w in serving for m in w.models})
+            raise ApiError(
+                404,
+                f"model {model!r} is not served here (serving {', '.join(map(repr, names))})",
+                param="model",
+                code="model_not_found",
+            )
+        raise no_worker()
+
+    def _groups(
+        self,
+        model: str,
+        exclude: Collection[str],
+        ok: Callable[[PoolWorker, float], bool],
+        now: float,
+    ) -> list[Group]:
+        groups: list[Group] = []
+        for pool in self.pools.values():
+            if pool.weight <= 0:
+                continue
+            ws = [
+                w
+                for w in pool.workers.values()
+                if w.address not in exclude and ok(w, now) and _has_model(w, model)
+            ]
+            if ws:
+                groups.append((pool, ws))
+        return groups
+
+    def _choose(self, groups: list[Group], key: str, prefer_pool: str) -> PoolWorker:
+        preferred = [g for g in groups if g[0].name == prefer_pool]
+        if preferred:
+            group = preferred[0]
+        elif key:
+            group = weighted_hrw(key, groups, lambda g: g[0].name, lambda g: g[0].weight)
+        else:
+            group = weighted_random(groups, lambda g: g[0].weight, self._rng)
+        if key:
+            return hrw(key, group[1], lambda w: w.address)
+        return two_choices(group[1], lambda w: w.load, self._rng)
+
+    # -- calls report back ----------------------------------------------------------------
+
+    def released(self, worker: PoolWorker) -> None:
+        """A call on `worker` ended: close a removed worker's channel after its last call."""
+        if worker.removed and worker.in_flight <= 0 and worker in self._retiring:
+            self._retiring.discard(worker)
+            worker.closed = True  # now: a call picked before the removal must not start
+            self._spawn(worker.close(), f"close {worker.address}")
+
+    def pool_metrics(self, pool: str) -> PoolMetrics:
+        return self.metrics.setdefault(pool, PoolMetrics())
+
+    # -- runtime changes (admin API, canary) ------------------------------------------------
+
+    def pool(self, name: str) -> Pool:
+        pool = self.pools.get(name)
+        if pool is None:
+            raise ApiError(404, f"no pool named {name!r}", type="not_found_error", code="no_pool")
+        return pool
+
+    def find_worker(self, ref: str) -> PoolWorker | None:
+        """A worker by address or key, in a pool or still finishing calls after removal."""
+        for w in [*self.workers, *self._retiring]:
+            if ref in (w.address, w.key):
+                return w
+        return None
+
+    def find(self, key: str) -> PoolWorker:
+        """The worker with this key (`resume.worker_key`), for resuming its streams."""
+        worker = self.find_worker(key)
+        if worker is None:
+            raise ApiError(
+                410,
+                "the worker that held this stream is no longer known to this edge",
+                code="stream_lost",
+            )
+        return worker
+
+    def add_pool(self, spec: PoolSpec) -> Pool:
+        if spec.name in self.pools:
+            raise ApiError(409, f"pool {spec.name!r} exists already", code="conflict")
+        for a in spec.workers:
+            self._check_free(a)
+        pool = Pool(spec.name, spec.version, spec.weight, spec.rollback)
+        self.pools[spec.name] = pool
+        self.pool_metrics(spec.name)
+        for a in spec.workers:
+            self._add(pool, a)
+        log.info(
+            "pool %s (%s): weight %g, %d worker(s)",
+            pool.name,
+            pool.version or "-",
+            pool.weight,
+            len(pool.workers),
+        )
+        return pool
+
+    def remove_pool(self, name: str) -> None:
+        pool = self.pool(name)
+        for address in list(pool.workers):
+            self.remove_worker(name, address)
+        del self.pools[name]
+        log.info("pool %s removed", name)
+
+    def set_weight(self, name: str, weight: float, reason: str = "admin") -> Pool:
+        pool = self.pool(name)
+        if weight != pool.weight:
+            log.info("pool %s: weight %g -> %g (%s)", name, pool.weight, weight, reason)
+            pool.weight = weight
+            self.pool_metrics(name).clear_window()  # judge the new setting on its own
+        return pool
+
+    def add_worker(self, pool_name: str, address: str) -> PoolWorker:
+        pool = self.pool(pool_name)
+        self._check_free(address)
+        worker = self._add(pool, address)
+        log.info("pool %s: worker %s added", pool_name, address)
+        return worker
+
+    def remove_worker(self, pool_name: str, ref: str) -> PoolWorker:
+        pool = self.pool(pool_name)
+        worker = pool.workers.get(ref) or next(
+            (w for w in pool.workers.values() if w.key == ref), None
+        )
+        if worker is None:
+            raise ApiError(
+                404,
+                f"no worker {ref!r} in pool {pool_name!r}",
+                type="not_found_error",
+                code="no_worker",
+            )
+        del pool.workers[worker.address]
+        worker.removed = True
+        self._retiring.add(worker)
+        log.info(
+            "pool %s: worker %s removed (%d call(s) finishing)",
+            pool_name,
+            worker.address,
+            worker.in_flight,
+        )
+        self.released(worker)
+        return worker
+
+    def _check_free(self, address: str) -> None:
+        if ":" not in address or not address.rsplit(":", 1)[1].isdigit():
+            raise ApiError(400, f"worker address {address!r} is not host:port", param="address")
+        for p in self.pools.values():
+            if address in p.workers:
+                raise ApiError(409, f"worker {address} is in pool {p.name!r}", code="conflict")
+
+    def _add(self, pool: Pool, address: str) -> PoolWorker:
+        worker = PoolWorker(address, self._channel_options, pool.name, self.options)
+        pool.workers[address] = worker
+        if self._started:
+            worker.start()
+        return worker
+
+    # -- views ------------------------------------------------------------------------------
+
+    def describe(self) -> dict[str, object]:
+        """Pools, weights, workers and recent outcomes (GET /admin/pools)."""
+        now = time.monotonic()
+        out = []
+        for pool in self.pools.values():
+            window_s = pool.rollback.window_s if pool.rollback else 60.0
+            stats = self.pool_metrics(pool.name).window(window_s, now)
+            out.append(
+                {
+                    "name": pool.name,
+                    "version": pool.version,
+                    "weight": pool.weight,
+                    "rollback": pool.rollback.to_dict() if pool.rollback else None,
+                    "rolled_back": pool.rolled_back,
+                    "window": {"seconds": window_s, **stats.to_dict()},
+                    "workers": [w.describe(now) for w in pool.workers.values()],
+                }
+            )
+        return {"pools": out}
+
+    def render_metrics(self) -> str:
+        """Per-pool and per-worker lines for the edge's /metrics."""
+        now = time.monotonic()
+        lines = [pool_metrics.render(self.metrics)]
+
+        def gauge(name: str, help_: str, samples: list[tuple[str, object]]) -> None:
+            lines.append(f"# HELP {name} {help_}\n# TYPE {name} gauge")
+            lines.extend(f"{name}{{{labels}}} {value}" for labels, value in samples)
+
+        pools = list(self.pools.values())
+        windows = [
+            (p, self.pool_metrics(p.name).window(p.rollback.window_s if p.rollback else 60.0, now))
+            for p in pools
+        ]
+        gauge(
+            "sluice_edge_pool_weight",
+            "Share of new traffic (relative to the other pools).",
+            [(f'pool="{p.name}"', repr(p.weight)) for p in pools],
+        )
+        gauge(
+            "sluice_edge_pool_error_ratio",
+            "Failed attempts / attempts over the pool's window (rollback window, else 60 s).",
+            [(f'pool="{p.name}"', repr(w.error_rate)) for p, w in windows],
+        )
+        gauge(
+            "sluice_edge_pool_ttft_p99_seconds",
+            "p99 time to first token over the pool's window.",
+            [(f'pool="{p.name}"', repr(w.ttft_p99_s)) for p, w in windows if w.ttft_p99_s],
+        )
+        workers = [(f'pool="{w.pool}",worker="{w.address}",id="{w.key}"', w) for w in self.workers]
+        gauge(
+            "sluice_edge_worker_in_flight",
+            "This edge's calls on a worker now.",
+            [(labels, w.in_flight) for labels, w in workers],
+        )
+        gauge(
+            "sluice_edge_worker_routable",
+            "1 if the worker gets new requests (SERVING, in its pool, not marked failed).",
+            [(labels, int(w.routable(now))) for labels, w in workers],
+        )
+        return "\n".join(lines) + "\n"
+
+
+def _has_model(worker: PoolWorker, model: str) -> bool:
+    return not model or not worker.models or any(m.id == model for m in worker.models)
+
+
+def registry_from_config(config: EdgeConfig) -> PoolRegistry:
+    """The pools of `--pools` and `--worker`, with the config's routing options."""
+    opts = RoutingOptions(
+        max_tries=config.max_tries,
+        retry_budget_s=config.retry_budget_s,
+        continue_on_failure=config.continue_on_failure,
+        max_fails=config.max_fails,
+        fail_timeout_s=config.fail_timeout_s,
+        stats_interval_s=config.stats_interval_s,
+    )
+    specs = build_pools(config.pools_file, config.workers)
+    return PoolRegistry(specs, opts, channel_options(config.keepalive_s))
