@@ -59,7 +59,8 @@ def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
     # channels), inside the metrics so that their 401s and 429s are counted.
     secured = install_security(app, config, state.metrics)
     # Outermost, so even the 500s of Starlette's error middleware are counted.
-    return MetricsMiddleware(secured, state.metrics, frozenset(r.path for r in ROUTES))
+    routes = frozenset(r.path for r in (*ROUTES, *admin.ROUTES))
+    return MetricsMiddleware(secured, state.metrics, routes)
 
 
 def app_from_env() -> ASGIApp:

@@ -25,7 +25,7 @@ ALLOW_HEADERS = (
     "x-request-timeout",
     "x-session-id",
 )
-EXPOSE_HEADERS = ("x-request-id", "retry-after", "retry-after-ms")
+EXPOSE_HEADERS = ("x-request-id", "retry-after", "retry-after-ms", "x-sluice-worker")
 MAX_AGE_S = 600
 _ORIGIN = re.compile(r"https?://[A-Za-z0-9.-]+(:\d{1,5})?|https?://\[[0-9A-Fa-f:.]+\](:\d{1,5})?")
 

@@ -32,9 +32,10 @@ class Histogram:
         self.counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
         self.sum = 0.0
 
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1
-        self.sum += value
+    def observe(self, value: float, weight: int = 1) -> None:
+        """Count `value` (`weight` times: e.g. one mean gap for several merged tokens)."""
+        self.counts[bisect_left(self.bounds, value)] += weight
+        self.sum += value * weight
 
     @property
     def count(self) -> int:

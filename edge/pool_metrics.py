@@ -10,12 +10,12 @@ Outcomes are the edge's error codes ("ok", "unavailable", "overloaded", "invalid
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import time
 from collections import deque
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from edge.histogram import Histogram
 
 OK = "ok"
 CANCELLED = "cancelled"
@@ -23,33 +23,6 @@ TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 3
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 WINDOW_CAP = 20_000  # outcomes kept per pool at most, whatever the window length
 MAX_WINDOW_S = 3600.0  # and none older than this
-
-
-@dataclass(slots=True)
-class Histogram:
-    """Cumulative-on-render Prometheus histogram."""
-
-    bounds: tuple[float, ...]
-    counts: list[int] = field(default_factory=list)
-    total: float = 0.0
-    n: int = 0
-
-    def __post_init__(self) -> None:
-        self.counts = [0] * (len(self.bounds) + 1)
-
-    def observe(self, value: float, weight: int = 1) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += weight
-        self.total += value * weight
-        self.n += weight
-
-    def samples(self, name: str, labels: str) -> Iterable[str]:
-        running = 0
-        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
-            running += count
-            le = "+Inf" if bound == float("inf") else repr(bound)
-            yield f'{name}_bucket{{{labels},le="{le}"}} {running}'
-        yield f"{name}_sum{{{labels}}} {self.total!r}"
-        yield f"{name}_count{{{labels}}} {self.n}"
 
 
 @dataclass(slots=True)

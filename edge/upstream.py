@@ -2,8 +2,7 @@
 
 A `Worker` owns one `grpc.aio` channel shared by every request to it (never a channel per
 request) and a health watcher (grpc.health.v1 `Watch`) that keeps its status current.
-`WorkerSet` is the routing seam: today it round-robins over SERVING workers; pools,
-sticky routing and failover plug in behind `pick()` later. `GenerateCall` is one simple-
+Routing among workers lives in `edge.pools` / `edge.routing`. `GenerateCall` is one simple-
 mode `Generate` RPC (one `start`, read until `final`) with errors already mapped by
 `edge.errors`.
 """
@@ -11,7 +10,6 @@ mode `Generate` RPC (one `start`, read until `final`) with errors already mapped
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 from collections.abc import Sequence
 
@@ -19,7 +17,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from edge import tls
-from edge.errors import ApiError, from_rpc_error, no_worker
+from edge.errors import ApiError, from_rpc_error
 from edge.resume import worker_key
 from generated import sluice_pb2 as pb
 from generated import sluice_pb2_grpc as pb_grpc
@@ -128,65 +126,6 @@ def _status_name(status: int) -> str:
     if status == UNREACHABLE:
         return "UNREACHABLE"
     return health_pb2.HealthCheckResponse.ServingStatus.Name(status)  # type: ignore[arg-type]
-
-
-class WorkerSet:
-    """The workers behind this edge and the choice among them."""
-
-    def __init__(self, addresses: Sequence[str], options: Sequence[tuple[str, int]]) -> None:
-        if not addresses:
-            raise ValueError("at least one worker address is needed")
-        self.workers = [Worker(a, options) for a in addresses]
-        self._turn = itertools.count()
-
-    def start(self) -> None:
-        for w in self.workers:
-            w.start()
-
-    async def close(self) -> None:
-        await asyncio.gather(*(w.close() for w in self.workers))
-
-    def find(self, key: str) -> Worker:
-        """The worker with this key (`resume.worker_key`), for resuming its streams."""
-        for w in self.workers:
-            if w.key == key:
-                return w
-        raise ApiError(
-            410,
-            "the worker that held this stream is no longer known to this edge",
-            code="stream_lost",
-        )
-
-    def ready(self) -> bool:
-        """At least one worker reports SERVING."""
-        return any(w.serving for w in self.workers)
-
-    def pick(self, model: str = "") -> Worker:
-        """A worker for a new generation: round robin over SERVING ones serving `model`.
-
-        Before the first health report arrives a worker is still tried (it answers
-        UNAVAILABLE itself if it is not ready). Raises ApiError: 404 when no SERVING
-        worker has the model, 503 when none is usable.
-        """
-        n = len(self.workers)
-        start = next(self._turn)
-        candidates = [self.workers[(start + i) % n] for i in range(n)]
-        serving = [w for w in candidates if w.serving]
-        for w in serving:
-            if not model or not w.models or any(m.id == model for m in w.models):
-                return w
-        if serving:
-            names = sorted({m.id for w in serving for m in w.models})
-            raise ApiError(
-                404,
-                f"model {model!r} is not served here (serving {', '.join(map(repr, names))})",
-                param="model",
-                code="model_not_found",
-            )
-        for w in candidates:
-            if w.status == UNKNOWN:
-                return w
-        raise no_worker()
 
 
 class GenerateCall:
