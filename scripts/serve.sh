@@ -68,7 +68,7 @@ Sluice is up.
   HTTP edge   : http://127.0.0.1:$EDGE_PORT/v1   (OpenAI-compatible; chat page at /)
 Try:
   curl -N http://127.0.0.1:$EDGE_PORT/v1/chat/completions -H 'Content-Type: application/json' \\
-    -d '{"model":"","messages":[{"role":"user","content":"What is the capital of France?"}],"stream":true}'
+    -d '{"messages":[{"role":"user","content":"What is the capital of France?"}],"stream":true}'
 Ctrl-C stops both.
 TXT
 wait "$WPID"
