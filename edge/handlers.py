@@ -164,7 +164,8 @@ def _resume_response(
     if point.part == PART_DONE:
         # The client has everything. 204 also tells EventSource to stop reconnecting.
         return Response(status_code=204)
-    worker = _workers(state).find(point.worker)
+    workers = _workers(state)
+    worker = workers.find(point.worker)
     trace = _trace_id(request, point.request_id)
     timeout = state.config.request_timeout_s
     fmt = make_format(kind, point.request_id, worker.model_id(), int(time.time()), include_usage)
@@ -172,7 +173,14 @@ def _resume_response(
         route=request.url.path,
         request_id=point.request_id,
         trace_id=trace,
-        call_factory=lambda: ResumeCall(worker, point.request_id, point.cursor, timeout, trace),
+        call_factory=lambda: ResumeCall(
+            worker,
+            point.request_id,
+            point.cursor,
+            timeout,
+            trace,
+            on_end=lambda: workers.released(worker),
+        ),
         fmt=fmt,
         stream=True,
         logprobs=False,
@@ -295,7 +303,9 @@ async def readyz(request: Request) -> Response:
     body = {
         "ready": ready,
         "draining": state.draining,
-        "workers": [{"address": w.address, "serving": w.serving} for w in workers],
+        # Worker keys, not addresses: this endpoint is public (as resume ids, it never
+        # shows internal addresses).
+        "workers": [{"worker": w.key, "serving": w.serving} for w in workers],
     }
     return ORJSONResponse(body, status_code=200 if ready else 503)
 

@@ -20,12 +20,14 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import re
 import time
 from dataclasses import dataclass
 
 from edge.errors import ApiError
 
 SIG_BYTES = 12
+_POSITION = re.compile(r"[0-9]{1,18}")
 PART_FINISH, PART_USAGE, PART_DONE = 1, 2, 3
 
 
@@ -87,11 +89,13 @@ class ResumeCodec:
         part = 0
         if "~" in cursor:
             cursor, _, part_s = cursor.partition("~")
-            if not part_s.isdigit() or not 1 <= int(part_s) <= PART_DONE:
+            if part_s not in ("1", "2", "3"):
                 raise bad_event_id("malformed position")
             part = int(part_s)
-        if not (seq.isdigit() and cursor.isdigit()):
+        if not (_POSITION.fullmatch(seq) and _POSITION.fullmatch(cursor)):
             raise bad_event_id("malformed position")
+        if not sig.isascii():
+            raise bad_event_id("signature mismatch")
         try:
             request_id = _unb64(rid_b64).decode()
         except (ValueError, UnicodeDecodeError):
@@ -116,6 +120,8 @@ class ResumeCodec:
         if len(fields) != 4 or not fields[2].isdigit():
             raise unknown
         rid_b64, worker, expires, sig = fields
+        if not (sig.isascii() and expires.isascii()):
+            raise unknown
         try:
             request_id = _unb64(rid_b64).decode()
         except (ValueError, UnicodeDecodeError):

@@ -169,7 +169,10 @@ class GenerationResponse:
                 data = self.fmt.delta(batch.text, batch.logprobs)
                 if batch.stamp:  # only with Job.stamps: the chunk's JSON gets one more field
                     data = data[:-1] + b',"sluice_worker_time_ns":%d}' % batch.stamp
-                out.append(self._event(data, batch.cursor))
+                # A delta that comes with the final message points at the final, so that a
+                # client cut off right after it resumes by replaying the final.
+                cursor = batch.cursor - 1 if batch.final is not None else batch.cursor
+                out.append(self._event(data, cursor))
             if batch.ended:
                 out.extend(self._ending(batch))
                 await self._body(send, b"".join(out), more=False)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -81,6 +81,8 @@ class Worker:
         if status != self.status:
             log.info("worker %s: %s", self.address, _status_name(status))
             self.status = status
+            if status != SERVING:
+                self.models = []  # reloaded when it serves again: it may be a new version
 
     async def _watch(self) -> None:
         """Follow the worker's health forever; reconnect with backoff when the stream breaks."""
@@ -214,12 +216,28 @@ class ResumeCall(GenerateCall):
         from_index: int,
         timeout_s: float | None,
         trace_id: str = "",
+        on_end: Callable[[], None] | None = None,
     ) -> None:
         self.worker = worker
         metadata = ((TRACE_KEY, trace_id),) if trace_id else None
         request = pb.ResumeRequest(request_id=request_id, from_index=from_index)
         self._call = worker.stub.Resume(request, timeout=timeout_s, metadata=metadata)
         self._next_index = from_index
+        # Counted as a call on the worker, so removing the worker from its pool waits for
+        # this stream instead of closing the channel under it.
+        self._on_end = on_end
+        self._held = hasattr(worker, "in_flight")
+        if self._held:
+            worker.in_flight += 1  # type: ignore[attr-defined]
+
+    def cancel(self) -> None:
+        """End the RPC (the response's `finally` always calls this once it is done)."""
+        super().cancel()
+        if self._held:
+            self._held = False
+            self.worker.in_flight -= 1  # type: ignore[attr-defined]
+            if self._on_end is not None:
+                self._on_end()
 
     async def read(self) -> pb.GenerateResponse:
         try:
@@ -231,7 +249,7 @@ class ResumeCall(GenerateCall):
                     "this generation can no longer be resumed (its replay log expired)",
                     code="stream_expired",
                 ) from None
-            if err.status == 400:
+            if err.code == "out_of_range":
                 raise ApiError(
                     400,
                     "Last-Event-ID is past the end of the stream",

@@ -62,6 +62,10 @@ class Admission:
             )
         self.in_flight += 1
 
+    def unadmit(self) -> None:
+        """Give back a slot taken by a start that never became a generation."""
+        self.in_flight -= 1
+
     def release(self) -> None:
         """One admitted generation ended (any reason)."""
         self.in_flight -= 1

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
 
 from generated import sluice_pb2 as pb
@@ -42,6 +43,8 @@ class WorkerCore:
         self._seq = 0
         self.metrics = WorkerMetrics()
         self.metrics.bind(self)
+        # Set by the server: called when the engine dies (health -> NOT_SERVING).
+        self.on_engine_dead: Callable[[], None] | None = None
 
     async def prepare(
         self, start: pb.StartGeneration, deadline_s: float | None, trace_id: str = ""
@@ -70,7 +73,7 @@ class WorkerCore:
             gen.trace_id = trace_id
             self.store.add(gen)
         except BaseException:
-            self.admission.release()
+            self.admission.unadmit()
             raise
         return gen
 
@@ -90,6 +93,15 @@ class WorkerCore:
         self.live.add(gen)
         self._idle.clear()
         gen.task = asyncio.create_task(gen.run(), name=f"generation {gen.request_id}")
+
+    def engine_died(self, err: SluiceError) -> None:
+        """The engine is gone: refuse new work and report NOT_SERVING (liveness probes
+        and routers then replace or avoid this worker)."""
+        if self.ready:
+            log.error("engine died: %s; worker is NOT_SERVING from now on", err.message)
+            self.ready = False
+            if self.on_engine_dead is not None:
+                self.on_engine_dead()
 
     def refused(self, err: SluiceError, request_id: str, trace_id: str = "") -> None:
         """A start that never became a generation."""

@@ -51,6 +51,10 @@ class Unavailable(SluiceError):
     retryable = True
 
 
+class EngineDead(Unavailable):
+    """The engine died: this worker cannot serve until it is restarted."""
+
+
 class DeadlineExceeded(SluiceError):
     """The generation ran past its deadline."""
 

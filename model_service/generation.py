@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from generated import sluice_pb2 as pb
 from model_service import convert
-from model_service.errors import DeadlineExceeded, EngineError, SluiceError
+from model_service.errors import DeadlineExceeded, EngineDead, EngineError, SluiceError
 from model_service.types import EngineOutput, FinishReason, GenerationRequest
 
 if TYPE_CHECKING:
@@ -62,6 +62,7 @@ class Generation:
         self._detach_timer: asyncio.TimerHandle | None = None
         self._tokens_at_detach = 0
         self._cancel_reason: str | SluiceError | None = None
+        self._started = False
         self._prompt_tokens = len(request.prompt_token_ids or ())
         self._completion_tokens = 0
         self._cached_tokens = 0
@@ -121,11 +122,28 @@ class Generation:
             self.cancel(DETACH_EXPIRED)
 
     def cancel(self, reason: str | SluiceError) -> None:
-        """End early: CLIENT_CANCEL or DETACH_EXPIRED -> final CANCELLED; an error -> it."""
-        if self._cancel_reason is None:
-            self._cancel_reason = reason
-        if self.task is not None and not self.task.done():
+        """End early: CLIENT_CANCEL or DETACH_EXPIRED -> final CANCELLED; an error -> it.
+
+        Only the first cancel counts: a second one must not interrupt the clean-up (the
+        engine abort) that the first one started.
+        """
+        if self._cancel_reason is not None or self.ended:
+            return
+        self._cancel_reason = reason
+        # A task that has not started yet sees the reason when it does (cancelling it now
+        # would skip `run()` entirely: no final message, no clean-up).
+        if self._started and self.task is not None and not self.task.done():
             self.task.cancel()
+
+    def detach_if_unfollowed(self) -> None:
+        """Detach a generation that no consumer ever followed (see `stream.py`)."""
+        if (
+            self.subscribers == 0
+            and not self.ended
+            and self._detach_timer is None
+            and self._cancel_reason is None
+        ):
+            self._detached()
 
     # -- producing ---------------------------------------------------------------------
 
@@ -214,18 +232,24 @@ class Generation:
 
     async def run(self) -> None:
         """Drive the engine to the end; every outcome ends the log with a final message."""
+        self._started = True
         try:
             reason, stop = await self._drive()
             self._final(reason, stop=stop)
         except SluiceError as err:
             self.error = err
             self._final(FinishReason.ERROR, error=err)
+            if isinstance(err, EngineDead):
+                self.core.engine_died(err)
         except asyncio.CancelledError:
             # Cancelled from outside the known reasons (worker stopping): record and end.
             self.error = EngineError("generation cancelled by the worker")
             self._final(FinishReason.ERROR, error=self.error)
         finally:
             self._freeze_tail()
+            # The log is all that resumes need; drop the prompt (it can be large and the
+            # replay cap does not count it).
+            self.request.prompt = self.request.messages = self.request.prompt_token_ids = None
             self.ended = True
             self._changed.set()
             if self._detach_timer is not None:
@@ -234,6 +258,8 @@ class Generation:
 
     async def _drive(self) -> tuple[FinishReason, str]:
         """The engine loop: returns (finish reason, stop string) or raises SluiceError."""
+        if self._cancel_reason is not None:  # cancelled before it started
+            return self._cancelled()
         engine = self.core.engine
         engine_id = self.core.engine_id(self.request_id)
         itl = self.core.metrics.itl
@@ -276,9 +302,13 @@ class Generation:
             raise EngineError(f"engine failure: {type(exc).__name__}") from exc
         finally:
             self.request.request_id = self.request_id
-            await outputs.aclose()  # type: ignore[attr-defined]
-            if not finished:
-                await engine.abort(engine_id)
+            # Shielded: freeing the engine's slot and KV cache must complete.
+            await asyncio.shield(self._release_engine(outputs, engine_id, finished))
+
+    async def _release_engine(self, outputs: Any, engine_id: str, finished: bool) -> None:
+        await outputs.aclose()
+        if not finished:
+            await self.core.engine.abort(engine_id)
 
     def _cancelled(self) -> tuple[FinishReason, str]:
         reason = self._cancel_reason

@@ -35,6 +35,7 @@ class ReplayStore:
         self._clock = clock
         self._live: dict[str, Replayable] = {}
         self._ended: OrderedDict[str, tuple[float, Replayable]] = OrderedDict()
+        self._ended_bytes = 0  # running total: an ended log never changes
         self.evicted_total = 0
 
     def add(self, gen: Replayable) -> None:
@@ -42,7 +43,9 @@ class ReplayStore:
         rid = gen.request_id
         if rid in self._live:
             raise AlreadyExists(f"request_id {rid!r} is live already", field="request_id")
-        self._ended.pop(rid, None)  # reusing a finished id replaces its log
+        old = self._ended.pop(rid, None)  # reusing a finished id replaces its log
+        if old is not None:
+            self._ended_bytes -= old[1].log_bytes
         self._live[rid] = gen
 
     def ended(self, gen: Replayable) -> None:
@@ -50,6 +53,7 @@ class ReplayStore:
         if self._live.get(gen.request_id) is gen:
             del self._live[gen.request_id]
             self._ended[gen.request_id] = (self._clock(), gen)
+            self._ended_bytes += gen.log_bytes
         self.evict()
 
     def get(self, request_id: str) -> Replayable | None:
@@ -70,11 +74,12 @@ class ReplayStore:
                 break
             del self._ended[rid]
             total -= gen.log_bytes
+            self._ended_bytes -= gen.log_bytes
             self.evicted_total += 1
 
     def bytes(self) -> int:
-        live = sum(g.log_bytes for g in self._live.values())
-        return live + sum(g.log_bytes for _, g in self._ended.values())
+        """Live logs (bounded by admission) are summed; ended ones are a running total."""
+        return self._ended_bytes + sum(g.log_bytes for g in self._live.values())
 
     def __len__(self) -> int:
         return len(self._live) + len(self._ended)

@@ -50,7 +50,9 @@ class Worker:
         self.health_port = 0
         self.metrics_port = 0
         self.health_server: grpc.aio.Server | None = None
+        self._health_task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
+        self.core.on_engine_dead = self._engine_dead
         pb_grpc.add_GenerationServicer_to_server(GenerationServicer(self.core), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
@@ -98,6 +100,9 @@ class Worker:
         await self._set_health(SERVING)
         info = self.engine.model_info
         log.info("engine %s ready: model %s, SERVING on port %d", info.engine, info.id, self.port)
+
+    def _engine_dead(self) -> None:
+        self._health_task = asyncio.create_task(self._set_health(NOT_SERVING))
 
     def request_stop(self) -> None:
         self._stop.set()

@@ -20,7 +20,7 @@ import grpc
 from generated import sluice_pb2 as pb
 from model_service import convert
 from model_service.core import WorkerCore
-from model_service.errors import FailedPrecondition, InvalidArgument, SluiceError
+from model_service.errors import EngineError, FailedPrecondition, InvalidArgument, SluiceError
 from model_service.generation import CLIENT_CANCEL, Generation
 from model_service.logs import trace_id
 from model_service.status import abort_with
@@ -37,7 +37,7 @@ ERROR = pb.FINISH_REASON_ERROR
 
 @dataclass(slots=True)
 class _GenDone:
-    request_id: str
+    gen: Generation
 
 
 @dataclass(slots=True)
@@ -79,7 +79,7 @@ class GenerateStream:
         self.context = context
         self.queue: asyncio.Queue[_Item] = asyncio.Queue(QUEUE_SIZE)
         self.live: dict[str, Generation] = {}
-        self.forwarders: dict[str, asyncio.Task[None]] = {}
+        self.forwarders: dict[Generation, asyncio.Task[None]] = {}
         self.multiplexed: bool | None = None  # decided by the first start
         self.trace_id = trace_id(context.invocation_metadata())
         self.started = 0
@@ -109,8 +109,11 @@ class GenerateStream:
                 if isinstance(item, _ReaderDone):
                     reader_done = True
                 elif isinstance(item, _GenDone):
-                    self.live.pop(item.request_id, None)
-                    self.forwarders.pop(item.request_id, None)
+                    # Only if it is still this generation: a finished id may be reused.
+                    done, rid = item.gen, item.gen.request_id
+                    if self.live.get(rid) is done:
+                        del self.live[rid]
+                    self.forwarders.pop(done, None)
                 if reader_done and not self.live:
                     if self.started == 0:
                         await abort_with(
@@ -124,6 +127,10 @@ class GenerateStream:
             for t in tasks:
                 t.cancel()  # the generations detach; they are not cancelled here
             await asyncio.gather(reader, *tasks, return_exceptions=True)
+            # A generation whose consumer never got to follow it (the RPC ended between
+            # launch and the first read) detaches here, or it would run unwatched.
+            for gen in self.live.values():
+                gen.detach_if_unfollowed()
 
     async def _read(self) -> None:
         try:
@@ -144,34 +151,39 @@ class GenerateStream:
             raise
         except Exception:  # the transport failed; the writer side sees the RPC end
             log.debug("request stream ended with an error", exc_info=True)
-            return
         await self.queue.put(_READER_DONE)
 
     async def _start(self, start: pb.StartGeneration) -> None:
         if self.multiplexed is None:
             self.multiplexed = start.multiplexed
         elif not self.multiplexed:
-            err = FailedPrecondition(
+            second = FailedPrecondition(
                 "this stream carries one generation; set multiplexed=true on its first start"
             )
             for gen in self.live.values():
-                gen.cancel(err)
+                gen.cancel(second)
             if not self.live:
-                await self.queue.put(_Fatal(err))
+                await self.queue.put(_Fatal(second))
             return
         self.started += 1
         try:
             if len(self.live) >= self.core.config.limits.max_generations_per_stream:
                 raise FailedPrecondition("too many live generations on this stream")
             gen = await self.core.prepare(start, self.context.time_remaining(), self.trace_id)
-        except SluiceError as err:
+        except Exception as exc:
+            err: SluiceError
+            if isinstance(exc, SluiceError):
+                err = exc
+            else:  # a worker bug: INTERNAL for this generation, never a hung stream
+                log.exception("preparing generation %r failed", start.request_id)
+                err = EngineError("the worker failed to start the generation")
             self.core.refused(err, start.request_id, self.trace_id)
             await self._refuse(start.request_id, err)
             return
         self.live[gen.request_id] = gen
         self.core.launch(gen)
         if self.multiplexed:
-            self.forwarders[gen.request_id] = asyncio.create_task(self._forward(gen))
+            self.forwarders[gen] = asyncio.create_task(self._forward(gen))
         else:
             # Tells the caller the generation was accepted before any token exists: a
             # caller may then drop the RPC and `Resume` later (within the detach grace).
@@ -192,4 +204,4 @@ class GenerateStream:
         async with aclosing(gen.follow(0)) as msgs:
             async for msg in msgs:
                 await self.queue.put(msg)
-        await self.queue.put(_GenDone(gen.request_id))
+        await self.queue.put(_GenDone(gen))

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, cast
 from model_service.config import EngineConfig
 from model_service.engines.base import Engine
 from model_service.engines.vllm_stats import StatsCollector
-from model_service.errors import EngineError, InvalidArgument, Overloaded, Unavailable
+from model_service.errors import EngineDead, EngineError, InvalidArgument, Overloaded, Unavailable
 from model_service.types import (
     EngineOutput,
     EngineStats,
@@ -205,7 +205,7 @@ class VllmEngine(Engine):
         except GracefulHTTPError as exc:  # vLLM's own queue limits
             raise Overloaded(exc.message, retry_after_s=1.0) from exc
         except EngineDeadError as exc:
-            raise Unavailable("the vLLM engine died") from exc
+            raise EngineDead("the vLLM engine died") from exc
         finally:
             await outputs.aclose()  # aborts the request in vLLM unless it finished
 

@@ -119,6 +119,12 @@ def test_resume_after_done_is_204(sim: Stack) -> None:
     assert (status, tail) == (204, [])
 
 
+def test_readyz_is_public_and_shows_no_worker_address(sim: Stack) -> None:
+    resp = httpx.get(f"{sim.base}/readyz")
+    assert resp.status_code == 200 and resp.json()["workers"]
+    assert sim.worker.address not in resp.text and str(sim.worker.port) not in resp.text
+
+
 def test_forged_event_id_is_refused(sim: Stack) -> None:
     _, head = read_events("POST", chat_url(sim), json=body(GREEDY), limit=3)
     rid_b64, worker, sig, seq, cursor = head[-1]["id"].split(".")

@@ -32,6 +32,10 @@ def test_event_id_round_trip_with_part():
         lambda t: t + "~9",
         lambda _: "",
         lambda _: "garbage",
+        # Regressions: each of these was a 500 (TypeError / ValueError) instead of a 400.
+        lambda t: t.replace(t.split(".")[2], "é" * len(t.split(".")[2])),  # non-ASCII sig
+        lambda t: t.rsplit(".", 2)[0] + ".²." + t.rsplit(".", 1)[1],  # "²".isdigit()
+        lambda t: t.rsplit(".", 1)[0] + "." + "9" * 30,  # past any index
     ],
 )
 def test_forged_or_malformed_ids_are_refused(mutate):
@@ -62,3 +66,11 @@ def test_stream_link_round_trip_forgery_and_expiry():
     # An event id's signature is not a stream link's.
     with pytest.raises(ApiError):
         CODEC.open_stream((CODEC.prefix("gen-1", W) + b"1.2").decode())
+
+
+def test_non_ascii_stream_link_is_not_found_not_a_crash():
+    token, _ = CODEC.stream_token("gen-1", W, ttl_s=60)
+    rid, worker, exp, sig = token.split(".")
+    with pytest.raises(ApiError) as e:
+        CODEC.open_stream(f"{rid}.{worker}.{exp}.{'é' * len(sig)}")
+    assert e.value.status == 404

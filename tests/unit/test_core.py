@@ -1,0 +1,104 @@
+"""The worker core with the simulated engine, without gRPC: regressions from review."""
+
+from __future__ import annotations
+
+import asyncio
+
+from generated import sluice_pb2 as pb
+from model_service.config import EngineConfig, SimOptions, WorkerConfig
+from model_service.core import WorkerCore
+from model_service.engines.sim import SimEngine
+from model_service.errors import EngineDead
+from model_service.generation import CLIENT_CANCEL, DETACH_EXPIRED
+
+
+class SlowAbortSim(SimEngine):
+    """The sim engine with an abort that takes a while, as vLLM's does (IPC)."""
+
+    aborted: list[str]
+
+    async def abort(self, request_id: str) -> None:
+        await asyncio.sleep(0.05)
+        self.aborted.append(request_id)
+        await super().abort(request_id)
+
+
+async def make_core(engine_cls=SimEngine) -> WorkerCore:
+    cfg = WorkerConfig(engine=EngineConfig(sim=SimOptions(ttft_s=0, token_delay_s=0.01)))
+    engine = engine_cls(cfg.engine)
+    engine.aborted = []  # type: ignore[attr-defined]
+    await engine.start()
+    core = WorkerCore(engine, cfg)
+    core.ready = True
+    return core
+
+
+def start(rid: str, grace_ms: int | None = None) -> pb.StartGeneration:
+    s = pb.StartGeneration(
+        request_id=rid, prompt="hello", sampling=pb.SamplingParams(max_tokens=500, ignore_eos=True)
+    )
+    if grace_ms is not None:
+        s.detach_grace_ms = grace_ms
+    return s
+
+
+async def test_second_cancel_does_not_interrupt_the_engine_abort():
+    core = await make_core(SlowAbortSim)
+    gen = await core.prepare(start("twice"), None)
+    core.launch(gen)
+    await asyncio.sleep(0.05)
+    gen.cancel(CLIENT_CANCEL)
+    await asyncio.sleep(0.01)  # now inside the slow abort
+    gen.cancel(DETACH_EXPIRED)
+    assert gen.task is not None
+    await gen.task
+    final = pb.GenerateResponse.FromString(gen.log[-1]).final  # type: ignore[arg-type]
+    assert final.reason == pb.FINISH_REASON_CANCELLED
+    assert core.engine.aborted  # type: ignore[attr-defined]
+    assert core.engine.stats().running == 0
+
+
+async def test_generation_never_followed_is_detached_and_aborted():
+    core = await make_core()
+    gen = await core.prepare(start("orphan", grace_ms=0), None)
+    core.launch(gen)
+    await asyncio.sleep(0.05)
+    assert core.engine.stats().running == 1
+    gen.detach_if_unfollowed()  # what a stream does when it ends before following
+    assert gen.task is not None
+    await asyncio.wait_for(gen.task, 2)
+    assert core.engine.stats().running == 0
+    assert core.admission.in_flight == 0
+
+
+async def test_ended_generation_keeps_only_its_log():
+    core = await make_core()
+    gen = await core.prepare(start("small"), None)
+    core.launch(gen)
+    gen.cancel(CLIENT_CANCEL)
+    assert gen.task is not None
+    await gen.task
+    assert gen.request.prompt is None and gen.request.prompt_token_ids is None
+    assert all(isinstance(e, bytes) for e in gen.log)
+    assert core.store.bytes() == gen.log_bytes > 0
+
+
+async def test_refused_start_is_not_counted_as_finished():
+    core = await make_core()
+    bad = start("huge")
+    bad.sampling.max_tokens = 10_000_000  # refused after admission, at tokenization
+    try:
+        await core.prepare(bad, None)
+    except Exception:
+        pass
+    assert core.admission.in_flight == 0
+    assert core.admission.finished_total == 0
+
+
+async def test_engine_death_turns_the_worker_not_ready():
+    core = await make_core()
+    called = []
+    core.on_engine_dead = lambda: called.append(True)
+    core.engine_died(EngineDead("gone"))
+    core.engine_died(EngineDead("gone again"))
+    assert core.ready is False and called == [True]
