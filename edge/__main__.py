@@ -7,6 +7,7 @@ cancels their gRPC calls), then the channels to the workers close.
 
 from __future__ import annotations
 
+import gc
 import logging
 import logging.config
 import os
@@ -26,6 +27,11 @@ from edge.logs import log_config
 
 log = logging.getLogger("sluice.edge")
 
+# Each open stream keeps many long-lived objects (tasks, gRPC call, buffers), and every
+# event allocates more: at the default 700 allocations per young collection, thousands of
+# streams keep the collector busy. Measured in BENCHMARKS.md (target 3).
+GC_THRESHOLDS = (50_000, 20, 20)
+
 
 class EdgeServer(uvicorn.Server):
     """uvicorn's server, plus: the port file once listening, /readyz 503 while draining."""
@@ -40,6 +46,7 @@ class EdgeServer(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
+        tune_gc()
         if self.started and self.edge.port_file:
             write_port_file(self.edge.port_file, self.port)
 
@@ -50,6 +57,14 @@ class EdgeServer(uvicorn.Server):
         if self.should_exit and sig == signal.SIGINT:
             self.force_exit = True  # a second Ctrl-C: stop waiting for streams
         self.should_exit = True
+
+
+def tune_gc() -> None:
+    """After start-up: what exists now (modules, app, channels) lives as long as the
+    process, so the collector stops scanning it; young collections run less often."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def write_port_file(path: str, port: int) -> None:

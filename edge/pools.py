@@ -178,7 +178,12 @@ class PoolRegistry:
             self._spawn(worker.close(), f"close {worker.address}")
 
     def pool_metrics(self, pool: str) -> PoolMetrics:
-        return self.metrics.setdefault(pool, PoolMetrics())
+        # Called for every upstream chunk: build a PoolMetrics only when missing
+        # (setdefault would build and drop one each time, histograms included).
+        metrics = self.metrics.get(pool)
+        if metrics is None:
+            metrics = self.metrics[pool] = PoolMetrics()
+        return metrics
 
     # -- runtime changes (admin API, canary) ------------------------------------------------
 
