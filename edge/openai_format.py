@@ -44,7 +44,8 @@ def logprob_entries(chunk: pb.TokenChunk) -> list[dict[str, Any]]:
 class ChunkFormat:
     """Renders one stream's OpenAI chunks; subclasses fix the object layout."""
 
-    object_name = ""
+    object_name = ""  # of streamed chunks
+    response_object = ""  # of a whole response
 
     def __init__(self, response_id: str, model: str, created: int, include_usage: bool) -> None:
         self.response_id = response_id
@@ -79,17 +80,30 @@ class ChunkFormat:
         """The extra last chunk of `stream_options.include_usage`: no choices, the usage."""
         return self._head + b'[],"usage":' + _dumps(usage_dict(usage)) + b"}"
 
+    def choice(self, text: str, logprobs: list[dict[str, Any]] | None) -> dict[str, Any]:
+        """The content fields of the one choice of a whole (non-streamed) response."""
+        raise NotImplementedError
+
     def response(
         self, text: str, reason: str, usage: pb.Usage, logprobs: list[dict[str, Any]] | None
     ) -> dict[str, Any]:
-        """The whole non-streaming response."""
-        raise NotImplementedError
+        """A whole (non-streamed) response object."""
+        return {
+            "id": self.response_id,
+            "object": self.response_object,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+            "choices": [{"index": 0, **self.choice(text, logprobs), "finish_reason": reason}],
+            "usage": usage_dict(usage),
+        }
 
 
 class ChatFormat(ChunkFormat):
     """`chat.completion.chunk` objects; the role goes in the first delta."""
 
     object_name = "chat.completion.chunk"
+    response_object = "chat.completion"
 
     def __init__(self, response_id: str, model: str, created: int, include_usage: bool) -> None:
         super().__init__(response_id, model, created, include_usage)
@@ -116,24 +130,10 @@ class ChatFormat(ChunkFormat):
             + self._tail
         )
 
-    def response(
-        self, text: str, reason: str, usage: pb.Usage, logprobs: list[dict[str, Any]] | None
-    ) -> dict[str, Any]:
+    def choice(self, text: str, logprobs: list[dict[str, Any]] | None) -> dict[str, Any]:
         return {
-            "id": self.response_id,
-            "object": "chat.completion",
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": None,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text},
-                    "logprobs": None if logprobs is None else {"content": logprobs},
-                    "finish_reason": reason,
-                }
-            ],
-            "usage": usage_dict(usage),
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None if logprobs is None else {"content": logprobs},
         }
 
 
@@ -141,6 +141,7 @@ class CompletionFormat(ChunkFormat):
     """`text_completion` objects with the legacy logprobs layout."""
 
     object_name = "text_completion"
+    response_object = "text_completion"
 
     def __init__(self, response_id: str, model: str, created: int, include_usage: bool) -> None:
         super().__init__(response_id, model, created, include_usage)
@@ -181,25 +182,9 @@ class CompletionFormat(ChunkFormat):
             + self._tail
         )
 
-    def response(
-        self, text: str, reason: str, usage: pb.Usage, logprobs: list[dict[str, Any]] | None
-    ) -> dict[str, Any]:
-        return {
-            "id": self.response_id,
-            "object": "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": None,
-            "choices": [
-                {
-                    "index": 0,
-                    "text": text,
-                    "logprobs": None if logprobs is None else self._legacy_logprobs(logprobs),
-                    "finish_reason": reason,
-                }
-            ],
-            "usage": usage_dict(usage),
-        }
+    def choice(self, text: str, logprobs: list[dict[str, Any]] | None) -> dict[str, Any]:
+        legacy = None if logprobs is None else self._legacy_logprobs(logprobs)
+        return {"text": text, "logprobs": legacy}
 
 
 def make_format(
