@@ -70,7 +70,6 @@ class PoolWorker(Worker):
     ) -> None:
         super().__init__(address, options)
         self.pool = pool
-        self.in_flight = 0  # this edge's calls on the worker now
         self.removed = False  # out of its pool; kept open only while calls finish
         self.closed = False  # its channel is closed: no call can start on it
         self.passive = PassiveHealth(opts.max_fails, opts.fail_timeout_s)

@@ -57,6 +57,7 @@ class Worker:
     def __init__(self, address: str, options: Sequence[tuple[str, int]]) -> None:
         self.address = address
         self.key = worker_key(address)
+        self.in_flight = 0  # this edge's calls on the worker now
         self.channel = tls.open_channel(address, options)  # TLS when configured (edge.tls)
         self.stub = pb_grpc.GenerationStub(self.channel)
         self._health = health_pb2_grpc.HealthStub(self.channel)
@@ -226,16 +227,15 @@ class ResumeCall(GenerateCall):
         # Counted as a call on the worker, so removing the worker from its pool waits for
         # this stream instead of closing the channel under it.
         self._on_end = on_end
-        self._held = hasattr(worker, "in_flight")
-        if self._held:
-            worker.in_flight += 1  # type: ignore[attr-defined]
+        self._held = True
+        worker.in_flight += 1
 
     def cancel(self) -> None:
         """End the RPC (the response's `finally` always calls this once it is done)."""
         super().cancel()
         if self._held:
             self._held = False
-            self.worker.in_flight -= 1  # type: ignore[attr-defined]
+            self.worker.in_flight -= 1
             if self._on_end is not None:
                 self._on_end()
 
