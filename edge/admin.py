@@ -14,7 +14,7 @@ answers 404 as if it did not exist. With a key, each request needs
     POST   /admin/pools/{name}/workers           {"address": "host:port"}
     DELETE /admin/pools/{name}/workers/{worker}  by address or id (its streams finish)
 
-State is per edge process: with `--workers N` > 1 each process has its own.
+State is per edge process: with `--processes N` > 1 each process has its own.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ ROUTES = (
     Route("/v1/streams/{token}", handlers.read_stream, methods=["GET"]),
     Route("/", handlers.chat_page, methods=["GET"]),
     Route("/healthz", handlers.healthz, methods=["GET"]),
+    Route("/health", handlers.healthz, methods=["GET"]),  # vLLM's name; its routers poll it
     Route("/readyz", handlers.readyz, methods=["GET"]),
     Route("/metrics", handlers.metrics, methods=["GET"]),
 )
@@ -64,5 +65,5 @@ def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
 
 
 def app_from_env() -> ASGIApp:
-    """Factory for uvicorn worker processes (`--workers N`): config from the environment."""
+    """Factory for uvicorn worker processes (`--processes N`): config from the environment."""
     return create_app(EdgeConfig.from_env())

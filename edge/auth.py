@@ -24,7 +24,7 @@ is belt and braces. Keys are random 256-bit tokens, so an unsalted fast hash suf
 (as for GitHub or Stripe tokens); do not use passwords as keys.
 
 Who may call what (the one table, `classify`):
-- public: `GET /`, `/healthz`, `/readyz`, `GET /v1/streams/{token}` (the link is an
+- public: `GET /`, `/health`, `/healthz`, `/readyz`, `GET /v1/streams/{token}` (the link is an
   unguessable, expiring, signed capability; EventSource cannot send headers).
 - admin: `/metrics` and `/admin/...`: the admin key (`--admin-key`/`$SLUICE_ADMIN_KEY`);
   none sent is a 401, a wrong one a 403 (as `edge.admin` answers). With no admin key,
@@ -62,7 +62,7 @@ PUBLIC, ADMIN, API = "public", "admin", "api"
 _NAME = r"[A-Za-z0-9_.@+-]{1,64}"
 _HASHED = re.compile(rf"(?:({_NAME}):)?sha256:([0-9a-fA-F]{{64}})")
 _NAMED = re.compile(rf"({_NAME}):(\S+)")
-_PUBLIC_PATHS = frozenset({"/", "/healthz", "/readyz"})
+_PUBLIC_PATHS = frozenset({"/", "/health", "/healthz", "/readyz"})
 _STREAM_LINK = re.compile(r"/v1/streams/[^/]+")
 _READ_METHODS = frozenset({"GET", "HEAD"})
 

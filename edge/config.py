@@ -1,5 +1,5 @@
 """Edge configuration: one dataclass, filled from the CLI (and passed to worker processes
-as JSON in an environment variable when `--workers` > 1)."""
+as JSON in an environment variable when `--processes` > 1)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ class EdgeConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     port_file: str = ""
-    processes: int = 1  # uvicorn worker processes (`--workers`)
+    processes: int = 1  # uvicorn worker processes (`--processes`)
     heartbeat_s: float = 15.0  # SSE comment while no event was sent for this long
     first_byte_s: float = 1.0  # longest wait for the worker before sending the 200
     request_timeout_s: float = 600.0  # gRPC deadline of one generation
@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=d.port, help="0 picks a free port")
     p.add_argument("--port-file", default="", help="write the bound port here once listening")
     p.add_argument(
-        "--workers", type=int, default=d.processes, help="edge processes (uvicorn workers)"
+        "--processes", type=int, default=d.processes, help="edge processes (uvicorn workers)"
     )
     p.add_argument(
         "--heartbeat", type=float, default=d.heartbeat_s, help="SSE heartbeat interval, seconds"
@@ -154,14 +154,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> EdgeConfig:
-    if args.heartbeat <= 0 or args.request_timeout <= 0 or args.workers < 1:
-        raise SystemExit("--heartbeat and --request-timeout must be positive, --workers at least 1")
+    if args.heartbeat <= 0 or args.request_timeout <= 0 or args.processes < 1:
+        raise SystemExit("--heartbeat and --request-timeout must be positive, --processes at least 1")
     return EdgeConfig(
         workers=args.worker or ([] if args.pools else EdgeConfig().workers),
         host=args.host,
         port=args.port,
         port_file=args.port_file,
-        processes=args.workers,
+        processes=args.processes,
         heartbeat_s=args.heartbeat,
         first_byte_s=args.first_byte,
         request_timeout_s=args.request_timeout,
@@ -185,7 +185,7 @@ def config_from_args(args: argparse.Namespace) -> EdgeConfig:
 def resume_secret(path: str) -> str:
     """The resume HMAC key as hex: from a file, the environment, or fresh (one instance).
 
-    Resolved once in the parent process, so `--workers N` processes share it.
+    Resolved once in the parent process, so `--processes N` processes share it.
     """
     raw = ""
     if path:

@@ -3,7 +3,7 @@
 `observe` is one `bisect` and two additions (~0.2 µs; prometheus_client's takes a lock
 and costs several times that), and the edge keeps prometheus_client out of its
 dependencies (it comes with vLLM, which the edge never installs). Per process: with
-`--workers N` each uvicorn process has its own histograms, and a scrape sees the one
+`--processes N` each uvicorn process has its own histograms, and a scrape sees the one
 process that answered (a multiprocess collector would need shared files, as
 prometheus_client's multiprocess mode does; run one process per pod and scale pods).
 """

@@ -14,7 +14,7 @@
 
 The caller is the API key's name (`edge.auth.CALLER`); with authentication off, every
 request is the one caller "anonymous", so the limits become edge-wide. State is per edge
-process: with `--workers N` (or N replicas) a key gets up to N times the limits.
+process: with `--processes N` (or N replicas) a key gets up to N times the limits.
 """
 
 from __future__ import annotations

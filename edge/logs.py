@@ -7,7 +7,7 @@ sent a usable one, passed to the worker as gRPC metadata `x-request-id`, which t
 logs as `trace_id`), method, route (the template: stream-link capabilities never reach
 the log), status, duration (until the last byte of a stream), token counts, the API key's
 name and the client address. The configuration is a `logging.config.dictConfig` dict that
-uvicorn applies in every process, so `--workers N` processes log the same way.
+uvicorn applies in every process, so `--processes N` processes log the same way.
 """
 
 from __future__ import annotations

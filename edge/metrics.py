@@ -2,7 +2,7 @@
 
 Kept dependency-free on purpose (prometheus_client is not a dependency of the project):
 counters and gauges, each a dict keyed by its label values, and histograms
-(`edge.histogram`). Values are per edge process; with `--workers N` each process reports
+(`edge.histogram`). Values are per edge process; with `--processes N` each process reports
 its own (see edge.histogram).
 """
 

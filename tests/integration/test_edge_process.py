@@ -43,7 +43,7 @@ def test_sigterm_lets_the_in_flight_stream_finish_then_exits_0() -> None:
 
 def test_several_edge_processes_share_the_port() -> None:
     with worker("--engine", "sim") as w:
-        edge = start_edge("--worker", w.address, "--workers", "2")
+        edge = start_edge("--worker", w.address, "--processes", "2")
         try:
             base = f"http://{edge.address}"
             wait_ready(base)
