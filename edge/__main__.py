@@ -20,10 +20,14 @@ from types import FrameType
 import uvicorn
 from uvicorn.supervisors import Multiprocess
 
+from edge.api.state import EdgeState
 from edge.app import create_app
 from edge.config import ENV_VAR, EdgeConfig, build_parser, config_from_args
-from edge.handlers import EdgeState
-from edge.logs import log_config
+from edge.obs.logs import log_config
+from edge.security import tls
+from edge.security.auth import KeyFileError, load_keys
+from edge.security.cors import check_origins
+from edge.upstream.pools import PoolConfigError, build_pools
 
 log = logging.getLogger("sluice.edge")
 
@@ -47,8 +51,8 @@ class EdgeServer(uvicorn.Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         tune_gc()
-        if self.started and self.edge.port_file:
-            write_port_file(self.edge.port_file, self.port)
+        if self.started and self.edge.server.port_file:
+            write_port_file(self.edge.server.port_file, self.port)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         """Drain (see the module docstring). Unlike uvicorn's own, the signal is not raised
@@ -88,30 +92,45 @@ def bind(host: str, port: int, sndbuf: int = 0) -> socket.socket:
 
 
 def uvicorn_config(app: object, edge: EdgeConfig, **extra: object) -> uvicorn.Config:
+    s = edge.server
     return uvicorn.Config(
         app,  # type: ignore[arg-type]
         loop="uvloop",
         http="httptools",
         lifespan="on",
-        access_log=edge.access_log and edge.log_format != "json",  # JSON: edge.logs has its own
-        log_config=log_config(edge.log_format, edge.log_level),  # applied in every process
-        log_level=edge.log_level,
-        timeout_graceful_shutdown=int(edge.drain_grace_s) or 1,
+        access_log=s.access_log and s.log_format != "json",  # JSON: edge.obs has its own
+        log_config=log_config(s.log_format, s.log_level),  # applied in every process
+        log_level=s.log_level,
+        timeout_graceful_shutdown=int(s.drain_grace_s) or 1,
         **extra,  # type: ignore[arg-type]
     )
 
 
+def check_files(edge: EdgeConfig) -> None:
+    """What the layers will read at startup, read once now: a mistake stops the command
+    line with its reason instead of every process at startup."""
+    try:
+        load_keys(edge.security.api_keys_file)
+        check_origins(edge.security.cors_origins)
+        tls.check(edge.worker_tls)
+        build_pools(edge.routing.pools_file, edge.routing.workers)
+    except (KeyFileError, PoolConfigError, OSError, ValueError) as err:
+        raise SystemExit(str(err)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     edge = config_from_args(build_parser().parse_args(argv))
-    logging.config.dictConfig(log_config(edge.log_format, edge.log_level))
-    sock = bind(edge.host, edge.port, edge.socket_sndbuf)
+    check_files(edge)
+    s = edge.server
+    logging.config.dictConfig(log_config(s.log_format, s.log_level))
+    sock = bind(s.host, s.port, s.socket_sndbuf)
     port = sock.getsockname()[1]
-    if edge.processes > 1:
+    if s.processes > 1:
         # Each process builds its own app (own channels, own metrics) from the environment.
         os.environ[ENV_VAR] = edge.to_env()
-        config = uvicorn_config("edge.app:app_from_env", edge, factory=True, workers=edge.processes)
-        if edge.port_file:
-            write_port_file(edge.port_file, port)  # the listening socket queues until they accept
+        config = uvicorn_config("edge.app:app_from_env", edge, factory=True, workers=s.processes)
+        if s.port_file:
+            write_port_file(s.port_file, port)  # the listening socket queues until they accept
         Multiprocess(config, sockets=[sock]).run()
         return 0
     state = EdgeState(edge)

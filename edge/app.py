@@ -1,67 +1,101 @@
-"""The Starlette application: routes, error handlers, metrics, and the worker set's life."""
+"""Bootstrap: the edge's ASGI stack, wired from the config, and the lifespan of its
+worker registry and background policies.
+
+Outermost first: observation (the one send wrapper: metrics, access log, on-complete
+callbacks) -> CORS -> authentication -> limits -> the dispatcher (generation routes
+straight to their handlers, the rest through Starlette). A 401 or 429 is therefore
+counted and logged, and carries CORS headers for browsers.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.routing import Route
+from starlette.types import ASGIApp
 
-from edge import admin, handlers
+from edge.api import admin, pages
+from edge.api.routes import PAGE_ROUTES, ROUTE_LABELS, Dispatch
+from edge.api.state import EdgeState
 from edge.config import EdgeConfig
 from edge.errors import ApiError
-from edge.handlers import EdgeState
-from edge.metrics import ASGIApp, MetricsMiddleware
-from edge.pools import registry_from_config
-from edge.security import install as install_security
+from edge.obs.record import ObsMiddleware
+from edge.security import tls
+from edge.security.auth import AuthMiddleware, KeyStore, load_keys
+from edge.security.cors import cors_middleware
+from edge.security.limits import LimitsMiddleware
+from edge.upstream import canary
+from edge.upstream.channel import ChannelFactory, channel_options
+from edge.upstream.registry import registry_from_config
 
-ROUTES = (
-    Route("/v1/chat/completions", handlers.chat_completions, methods=["POST"]),
-    Route("/v1/completions", handlers.completions, methods=["POST"]),
-    Route("/v1/models", handlers.list_models, methods=["GET"]),
-    Route("/v1/streams", handlers.create_stream, methods=["POST"]),
-    Route("/v1/streams/{token}", handlers.read_stream, methods=["GET"]),
-    Route("/", handlers.chat_page, methods=["GET"]),
-    Route("/healthz", handlers.healthz, methods=["GET"]),
-    Route("/health", handlers.healthz, methods=["GET"]),  # vLLM's name; its routers poll it
-    Route("/readyz", handlers.readyz, methods=["GET"]),
-    Route("/metrics", handlers.metrics, methods=["GET"]),
-)
+log = logging.getLogger("sluice.edge")
+
+
+def channels(config: EdgeConfig) -> ChannelFactory:
+    """How this process opens worker channels (TLS when configured)."""
+    return ChannelFactory(
+        channel_options(config.routing.keepalive_s, config.stream.stream_buffer_bytes),
+        tls.credentials(config.worker_tls),
+        config.worker_tls.server_name,
+    )
 
 
 def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
     """The edge as an ASGI app. Channels to workers open at startup, close at shutdown
     (after uvicorn has drained the in-flight streams)."""
     state = state or EdgeState(config)
+    factory = channels(config)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        state.workers = registry_from_config(config)
-        state.metrics.extra = [state.workers.render_metrics]
-        state.workers.start()
+        registry = state.registry = registry_from_config(config.routing, factory)
+        state.metrics.extra = [registry.render_metrics]
+        registry.start()
+        registry.spawn(canary.watch(registry), "canary watch")
         try:
             yield
         finally:
-            await state.workers.close()
+            await registry.close()
 
-    app = Starlette(
-        routes=[*ROUTES, *admin.ROUTES],
+    admin_key = config.routing.admin_key
+    rest = Starlette(
+        routes=[*PAGE_ROUTES, *(admin.ROUTES if admin_key else [])],
         exception_handlers={
-            ApiError: handlers.on_api_error,
-            HTTPException: handlers.on_http_error,
-            Exception: handlers.on_unexpected,
+            ApiError: pages.on_api_error,
+            HTTPException: pages.on_http_error,
+            Exception: pages.on_unexpected,
         },
         lifespan=lifespan,
     )
-    app.state.edge = state
-    # Access log, CORS, keys and limits (edge/security.py; it also sets the TLS of worker
-    # channels), inside the metrics so that their 401s and 429s are counted.
-    secured = install_security(app, config, state.metrics)
-    # Outermost, so even the 500s of Starlette's error middleware are counted.
-    routes = frozenset(r.path for r in (*ROUTES, *admin.ROUTES))
-    return MetricsMiddleware(secured, state.metrics, routes)
+    rest.state.edge = state
+    return secured(Dispatch(state, rest), config, state)
+
+
+def secured(app: ASGIApp, config: EdgeConfig, state: EdgeState) -> ASGIApp:
+    """`app` inside limits, authentication, CORS and observation (the module docstring)."""
+    sec = config.security
+    keys = KeyStore(load_keys(sec.api_keys_file))
+    admin_key = config.routing.admin_key
+    if not keys:
+        log.warning("no API keys configured (--api-keys-file, $SLUICE_API_KEYS): auth is OFF")
+    elif not admin_key:
+        log.warning("no admin key ($SLUICE_ADMIN_KEY): /metrics and /admin are refused")
+    metrics = state.metrics
+    app = LimitsMiddleware(
+        app,
+        sec.rate_limit_rps,
+        sec.rate_limit_burst,
+        sec.max_streams_per_key,
+        metrics.admission_rejections,
+    )
+    app = AuthMiddleware(app, keys, admin_key, metrics.auth_failures)
+    if sec.cors_origins:
+        app = cors_middleware(app, sec.cors_origins)
+    access_log = config.server.log_format == "json"
+    return ObsMiddleware(app, metrics, ROUTE_LABELS, access_log)
 
 
 def app_from_env() -> ASGIApp:

@@ -1,5 +1,20 @@
-"""Edge configuration: one dataclass, filled from the CLI (and passed to worker processes
-as JSON in an environment variable when `--processes` > 1)."""
+"""Edge configuration, declared once: nested dataclasses whose fields carry their CLI flag.
+
+    EdgeConfig
+      server      listening socket, processes, drain, logs
+      stream      SSE framing, heartbeats, deadlines, resume
+      routing     pools, retries, continuation, passive health
+      security    API keys, limits, CORS
+      worker_tls  TLS / mTLS towards the workers
+
+Each field with a flag is declared with `option(default, "--flag", "help")`; the parser
+(`build_parser`) and the conversion back (`config_from_args`) are made from those
+declarations, so a flag, its field, its default and its help live on one line. With
+`--processes N` the parent passes the whole config to its uvicorn processes as JSON in
+`$SLUICE_EDGE_CONFIG` (`to_env` / `from_env`).
+
+This module imports nothing from the edge's layers: they import it for their section.
+"""
 
 from __future__ import annotations
 
@@ -10,176 +25,207 @@ import json
 import os
 import secrets
 from dataclasses import dataclass, field
-
-from edge.pool_config import ROUTING_DEFAULTS as _R
-from edge.pool_config import add_arguments as add_pool_arguments
-from edge.pool_config import fields_from_args as pool_fields
-from edge.security import add_arguments as add_security_arguments
-from edge.security import fields_from_args as security_fields
+from typing import Any
 
 ENV_VAR = "SLUICE_EDGE_CONFIG"
 SECRET_ENV = "SLUICE_RESUME_SECRET"
+ADMIN_KEY_ENV = "SLUICE_ADMIN_KEY"
+CONTINUE_MODES = ("never", "sampled", "always")
+
+
+def option(default: Any, flag: str, help: str, **argparse_kwargs: Any) -> Any:
+    """A config field with its command-line flag (`argparse_kwargs`: type, choices, action)."""
+    meta = {"flag": flag, "help": help, **argparse_kwargs}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass(slots=True)
-class EdgeConfig:
-    """Everything the edge needs."""
-
-    workers: list[str] = field(default_factory=lambda: ["localhost:50051"])
-    host: str = "127.0.0.1"
-    port: int = 8000
-    port_file: str = ""
-    processes: int = 1  # uvicorn worker processes (`--processes`)
-    heartbeat_s: float = 15.0  # SSE comment while no event was sent for this long
-    first_byte_s: float = 1.0  # longest wait for the worker before sending the 200
-    request_timeout_s: float = 600.0  # gRPC deadline of one generation
-    retry_ms: int = 3000  # SSE `retry:` hint for reconnecting clients
-    stream_buffer_bytes: int = 256 * 1024  # pending text per stream before upstream is paused
-    max_body_bytes: int = 4 * 1024 * 1024
+class ServerConfig:
+    host: str = option("127.0.0.1", "--host", "address to listen on")
+    port: int = option(8000, "--port", "port (0 picks a free one)")
+    port_file: str = option("", "--port-file", "write the bound port here once listening")
+    processes: int = option(1, "--processes", "edge processes (uvicorn workers)")
+    drain_grace_s: float = option(30.0, "--drain-grace", "seconds streams may finish on SIGTERM")
     # Kernel send buffer per client connection (SO_SNDBUF); 0 = the kernel's autotuning,
     # which lets each stalled SSE reader pin up to net.ipv4.tcp_wmem's maximum (often 4 MiB).
-    socket_sndbuf: int = 0
-    keepalive_s: float = 30.0  # gRPC keepalive ping interval to workers
-    drain_grace_s: float = 30.0  # on SIGTERM: how long in-flight streams may finish
+    socket_sndbuf: int = option(0, "--socket-sndbuf", "SO_SNDBUF per client socket (0: auto)")
+    max_body_bytes: int = option(4 << 20, "--max-body-bytes", "largest request body")
+    access_log: bool = option(False, "--access-log", "log every request", action="store_true")
+    log_level: str = option("info", "--log-level", "log level")
+    log_format: str = option("text", "--log-format", "text or json", choices=("text", "json"))
+
+
+@dataclass(slots=True)
+class StreamConfig:
+    heartbeat_s: float = option(15.0, "--heartbeat", "SSE heartbeat after this idle time, s")
+    first_byte_s: float = option(1.0, "--first-byte", "longest wait for the worker before the 200")
+    request_timeout_s: float = option(600.0, "--request-timeout", "gRPC deadline per generation")
+    retry_ms: int = option(3000, "--retry-ms", "SSE `retry:` hint for reconnecting clients")
+    # Upstream bytes a worker may send ahead of a slow client, per stream (the HTTP/2
+    # stream window of the worker channels): past it the worker merges new tokens into
+    # fewer, larger messages until the client reads again.
+    stream_buffer_bytes: int = option(
+        256 * 1024, "--stream-buffer-bytes", "per-stream read-ahead from a worker, bytes"
+    )
     # How long a worker keeps generating after an OpenAI-endpoint client left, so that a
-    # retry with Last-Event-ID could pick it up (StartGeneration.detach_grace_ms).
+    # retry with Last-Event-ID can pick it up live (StartGeneration.detach_grace_ms).
     # 0 = abort at once (frees the engine fastest); resume still works once it finished.
-    detach_grace_s: float = 0.0
+    detach_grace_s: float = option(
+        0.0, "--openai-detach-grace", "s a worker runs on after an OpenAI client left (0: abort)"
+    )
     # Browser streams (/v1/streams): how long the worker keeps generating with nobody
     # reading (between the POST and the GET, and across reconnects).
-    stream_grace_s: float = 30.0
-    stream_ttl_s: float = 600.0  # lifetime of a stream link
-    # HMAC key (hex) for event ids and stream links; replicas must share it to resume each
-    # other's streams. Empty: SLUICE_RESUME_SECRET, else a random one per edge instance.
+    stream_grace_s: float = option(
+        30.0, "--stream-grace", "s a browser stream runs on with no reader (/v1/streams)"
+    )
+    stream_ttl_s: float = option(600.0, "--stream-ttl", "stream link lifetime, s")
+    resume_secret_file: str = option(
+        "", "--resume-secret-file", f"HMAC key file for event ids (else ${SECRET_ENV}, else random)"
+    )
+    allow_stamps: bool = option(
+        False, "--allow-stamps", "honour X-Sluice-Stamp-Times: 1 (benchmarks)", action="store_true"
+    )
+    # Resolved once by the parent process from resume_secret_file or $SLUICE_RESUME_SECRET
+    # (hex), so every process and replica given the same secret signs the same ids.
     resume_secret: str = ""
-    # Pools and routing (`edge/pool_config.py`): a pools file besides `--worker` flags, the
-    # admin API key (empty: admin API off), failover, passive health, load polling.
-    pools_file: str = ""
-    admin_key: str = ""
-    max_tries: int = _R.max_tries
-    retry_budget_s: float = _R.retry_budget_s
-    continue_on_failure: str = _R.continue_on_failure
-    max_fails: int = _R.max_fails
-    fail_timeout_s: float = _R.fail_timeout_s
-    stats_interval_s: float = _R.stats_interval_s
-    access_log: bool = False
-    log_level: str = "info"
-    # Security and limits (`edge/security.py` has the flags; README "Security and limits").
-    api_keys: list[str] = field(default_factory=list)  # "name:sha256 hex": never a key
-    rate_limit_rps: float = 0.0  # per key; 0 = off
-    rate_limit_burst: int = 0  # 0 = the rate (at least 1)
-    max_streams_per_key: int = 0  # generations in flight per key; 0 = no limit
-    max_prompt_chars: int = 0  # 0 = no limit (the body is still bounded by max_body_bytes)
-    cors_origins: list[str] = field(default_factory=list)
-    worker_tls_ca: str = ""  # any worker_tls_* set: TLS to workers (edge/tls.py)
-    worker_tls_cert: str = ""
-    worker_tls_key: str = ""
-    worker_tls_name: str = ""
-    log_format: str = "text"  # or "json" (with one access record per request)
-    allow_stamps: bool = False  # honour X-Sluice-Stamp-Times (benchmarks)
 
     def commit_wait_s(self) -> float:
         """How long a stream waits for the worker's first answer before committing to 200."""
         return min(self.first_byte_s, self.heartbeat_s)
 
+
+@dataclass(slots=True)
+class RoutingConfig:
+    workers: list[str] = option([], "--worker", "worker host:port (repeat)", action="append")
+    pools_file: str = option("", "--pools", "pools file (JSON, or TOML by extension)")
+    admin_key: str = option(
+        "", "--admin-key", f"Bearer key of /admin and /metrics (default ${ADMIN_KEY_ENV})"
+    )
+    max_tries: int = option(3, "--max-tries", "attempts per request, each on another worker")
+    retry_budget_s: float = option(5.0, "--retry-budget", "seconds to find a replacement")
+    continue_on_failure: str = option(
+        "sampled", "--continue-on-failure", "continue mid-stream elsewhere", choices=CONTINUE_MODES
+    )
+    max_fails: int = option(1, "--max-fails", "passive failures that take a worker out (0: off)")
+    fail_timeout_s: float = option(10.0, "--fail-timeout", "...within, and out for, seconds")
+    stats_interval_s: float = option(
+        0.0, "--stats-interval", "GetStats poll per worker, s (0: off)"
+    )
+    keepalive_s: float = option(30.0, "--keepalive", "gRPC keepalive ping interval, seconds")
+
+
+@dataclass(slots=True)
+class SecurityConfig:
+    api_keys_file: str = option(
+        "", "--api-keys-file", "API keys, one per line (also $SLUICE_API_KEYS); none: auth off"
+    )
+    rate_limit_rps: float = option(0.0, "--rate-limit", "requests per second per key (0: off)")
+    rate_limit_burst: int = option(0, "--rate-burst", "token bucket depth (0: the rate)")
+    max_streams_per_key: int = option(0, "--max-streams-per-key", "generations in flight per key")
+    max_prompt_chars: int = option(0, "--max-prompt-chars", "longest prompt, characters (0: off)")
+    cors_origins: list[str] = option(
+        [], "--cors-origin", "browser origin allowed (repeat; '*': any)", action="append"
+    )
+
+
+@dataclass(slots=True)
+class WorkerTLSConfig:
+    """Any field set turns TLS on for every worker channel (`edge.security.tls`)."""
+
+    ca: str = option("", "--worker-tls-ca", "PEM roots to verify workers (TLS on)")
+    cert: str = option("", "--worker-tls-cert", "PEM client certificate (mTLS)")
+    key: str = option("", "--worker-tls-key", "PEM key of --worker-tls-cert")
+    server_name: str = option("", "--worker-tls-name", "name to verify in worker certificates")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.ca or self.cert or self.key or self.server_name)
+
+
+@dataclass(slots=True)
+class EdgeConfig:
+    """Everything the edge needs (see the module docstring)."""
+
+    server: ServerConfig = field(default_factory=ServerConfig)
+    stream: StreamConfig = field(default_factory=StreamConfig)
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    worker_tls: WorkerTLSConfig = field(default_factory=WorkerTLSConfig)
+
     def to_env(self) -> str:
         return json.dumps(dataclasses.asdict(self))
 
     @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> EdgeConfig:
+        return cls(**{name: section(**raw.get(name, {})) for name, section in SECTIONS.items()})
+
+    @classmethod
     def from_env(cls) -> EdgeConfig:
         raw = os.environ.get(ENV_VAR)
-        return cls(**json.loads(raw)) if raw else cls()
+        return cls.from_dict(json.loads(raw)) if raw else cls()
+
+
+SECTIONS: dict[str, Any] = {
+    "server": ServerConfig,
+    "stream": StreamConfig,
+    "routing": RoutingConfig,
+    "security": SecurityConfig,
+    "worker_tls": WorkerTLSConfig,
+}
+
+
+def _flagged(cls: type) -> list[dataclasses.Field[Any]]:
+    return [f for f in dataclasses.fields(cls) if "flag" in f.metadata]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    d = EdgeConfig()
     p = argparse.ArgumentParser(
         prog="edge", description="Sluice edge: OpenAI-compatible HTTP/SSE in front of gRPC workers."
     )
-    p.add_argument(
-        "--worker", action="append", default=[], help="worker host:port (repeat for several)"
-    )
-    p.add_argument("--host", default=d.host)
-    p.add_argument("--port", type=int, default=d.port, help="0 picks a free port")
-    p.add_argument("--port-file", default="", help="write the bound port here once listening")
-    p.add_argument(
-        "--processes", type=int, default=d.processes, help="edge processes (uvicorn workers)"
-    )
-    p.add_argument(
-        "--heartbeat", type=float, default=d.heartbeat_s, help="SSE heartbeat interval, seconds"
-    )
-    p.add_argument(
-        "--first-byte",
-        type=float,
-        default=d.first_byte_s,
-        help="longest wait for the worker before the 200 is sent, seconds",
-    )
-    p.add_argument(
-        "--request-timeout", type=float, default=d.request_timeout_s, help="seconds per generation"
-    )
-    p.add_argument("--retry-ms", type=int, default=d.retry_ms, help="SSE retry hint")
-    p.add_argument("--stream-buffer-bytes", type=int, default=d.stream_buffer_bytes)
-    p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
-    p.add_argument(
-        "--socket-sndbuf",
-        type=int,
-        default=d.socket_sndbuf,
-        help="kernel send buffer per client connection, bytes (0: autotuned)",
-    )
-    p.add_argument("--keepalive", type=float, default=d.keepalive_s, help="gRPC keepalive, seconds")
-    p.add_argument("--drain-grace", type=float, default=d.drain_grace_s, help="seconds")
-    p.add_argument(
-        "--detach-grace",
-        type=float,
-        default=d.detach_grace_s,
-        help="seconds a worker keeps generating after the client left (0: abort at once)",
-    )
-    p.add_argument(
-        "--stream-grace",
-        type=float,
-        default=d.stream_grace_s,
-        help="seconds a browser stream runs on with no reader (/v1/streams)",
-    )
-    p.add_argument("--stream-ttl", type=float, default=d.stream_ttl_s, help="stream link lifetime")
-    p.add_argument(
-        "--resume-secret-file",
-        default="",
-        help="file holding the HMAC key for event ids (else $SLUICE_RESUME_SECRET, else random)",
-    )
-    add_pool_arguments(p)
-    add_security_arguments(p)
-    p.add_argument("--access-log", action="store_true")
-    p.add_argument("--log-level", default=d.log_level)
+    for name, cls in SECTIONS.items():
+        group = p.add_argument_group(name.replace("_", " "))
+        defaults = cls()
+        for f in _flagged(cls):
+            meta = dict(f.metadata)
+            flag, help_ = meta.pop("flag"), meta.pop("help")
+            default = getattr(defaults, f.name)
+            if "type" not in meta and "action" not in meta and not isinstance(default, str):
+                meta["type"] = type(default)
+            if meta.get("action") == "append":
+                default = []
+            group.add_argument(flag, dest=f"{name}.{f.name}", default=default, help=help_, **meta)
     return p
 
 
 def config_from_args(args: argparse.Namespace) -> EdgeConfig:
-    if args.heartbeat <= 0 or args.request_timeout <= 0 or args.processes < 1:
-        raise SystemExit("--heartbeat and --request-timeout must be positive, --processes at least 1")
-    return EdgeConfig(
-        workers=args.worker or ([] if args.pools else EdgeConfig().workers),
-        host=args.host,
-        port=args.port,
-        port_file=args.port_file,
-        processes=args.processes,
-        heartbeat_s=args.heartbeat,
-        first_byte_s=args.first_byte,
-        request_timeout_s=args.request_timeout,
-        retry_ms=args.retry_ms,
-        stream_buffer_bytes=args.stream_buffer_bytes,
-        max_body_bytes=args.max_body_bytes,
-        socket_sndbuf=args.socket_sndbuf,
-        keepalive_s=args.keepalive,
-        drain_grace_s=args.drain_grace,
-        detach_grace_s=args.detach_grace,
-        stream_grace_s=args.stream_grace,
-        stream_ttl_s=args.stream_ttl,
-        resume_secret=resume_secret(args.resume_secret_file),
-        **pool_fields(args),
-        **security_fields(args),
-        access_log=args.access_log,
-        log_level=args.log_level,
-    )
+    """The parsed flags as an EdgeConfig, checked (SystemExit with the reason)."""
+    values = vars(args)
+    sections = {
+        name: cls(**{f.name: values[f"{name}.{f.name}"] for f in _flagged(cls)})
+        for name, cls in SECTIONS.items()
+    }
+    config = EdgeConfig(**sections)
+    check(config)
+    if not config.routing.workers and not config.routing.pools_file:
+        config.routing.workers = ["localhost:50051"]
+    config.routing.admin_key = config.routing.admin_key or os.environ.get(ADMIN_KEY_ENV, "")
+    config.stream.resume_secret = resume_secret(config.stream.resume_secret_file)
+    return config
+
+
+def check(config: EdgeConfig) -> None:
+    """Values that cannot work, refused at the command line rather than at first use."""
+    s, r, sec = config.stream, config.routing, config.security
+    if s.heartbeat_s <= 0 or s.request_timeout_s <= 0 or config.server.processes < 1:
+        raise SystemExit("--heartbeat and --request-timeout must be positive, --processes >= 1")
+    if r.max_tries < 1 or r.retry_budget_s < 0 or r.max_fails < 0:
+        raise SystemExit("--max-tries must be at least 1, --retry-budget/--max-fails >= 0")
+    if min(sec.rate_limit_rps, sec.rate_limit_burst, sec.max_streams_per_key) < 0:
+        raise SystemExit("limits must be >= 0")
+    if sec.max_prompt_chars < 0:
+        raise SystemExit("--max-prompt-chars must be >= 0")
 
 
 def resume_secret(path: str) -> str:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import grpc
 import orjson
+from starlette.responses import Response
 
 RETRY_AFTER_KEY = "retry-after-ms"
 FIELD_KEY = "x-sluice-field"
@@ -113,6 +114,17 @@ class ApiError(Exception):
             "retry-after": str(max(1, math.ceil(self.retry_after_s))),
             "retry-after-ms": str(max(1, int(self.retry_after_s * 1000))),
         }
+
+
+def error_response(err: ApiError, headers: dict[str, str] | None = None) -> Response:
+    """The one writer of an ApiError as a whole HTTP response (also an ASGI app, so
+    middleware answers with it too). `headers`: more of them (e.g. WWW-Authenticate)."""
+    return Response(
+        err.json(),
+        status_code=err.status,
+        headers={**err.headers(), **(headers or {})},
+        media_type="application/json",
+    )
 
 
 def invalid(param: str | None, message: str) -> ApiError:

@@ -19,7 +19,7 @@ import grpc
 import httpx
 import orjson
 
-from edge.resume import ResumeCodec
+from edge.stream.ids import ResumeCodec
 from generated import sluice_pb2 as pb
 from generated import sluice_pb2_grpc as pb_grpc
 from tests.procs import Proc, start_edge, start_worker

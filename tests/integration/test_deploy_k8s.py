@@ -217,18 +217,20 @@ def test_worker_service_is_headless_on_the_grpc_port():
 def test_edge_args_parse_and_probes_hit_its_port_and_it_targets_the_worker_service():
     cfg = edge_cfg()
     c = container("sluice-edge")
-    assert cfg.host == "0.0.0.0"
-    assert port_number(c, c["readinessProbe"]["httpGet"]["port"]) == cfg.port
+    assert cfg.server.host == "0.0.0.0"
+    assert port_number(c, c["readinessProbe"]["httpGet"]["port"]) == cfg.server.port
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert port_number(c, c["livenessProbe"]["httpGet"]["port"]) == cfg.port
+    assert port_number(c, c["livenessProbe"]["httpGet"]["port"]) == cfg.server.port
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert pod("sluice-edge")["metadata"]["annotations"]["prometheus.io/port"] == str(cfg.port)
+    assert pod("sluice-edge")["metadata"]["annotations"]["prometheus.io/port"] == str(
+        cfg.server.port
+    )
     svc = obj("Service", "sluice-worker")
     port = svc["spec"]["ports"][0]["port"]
     expected = f"dns:///{svc['metadata']['name']}.{namespace()}.svc.cluster.local:{port}"
-    assert cfg.workers == [expected]
+    assert cfg.routing.workers == [expected]
     edge_svc = obj("Service", "sluice-edge")["spec"]["ports"][0]
-    assert port_number(c, edge_svc["targetPort"]) == cfg.port
+    assert port_number(c, edge_svc["targetPort"]) == cfg.server.port
 
 
 def test_edge_grace_covers_prestop_and_drain():
@@ -240,7 +242,7 @@ def test_edge_grace_covers_prestop_and_drain():
     # The sleep must outlast endpoint removal, yet stay under the readiness window.
     assert 1 <= pre_stop <= 15
     grace = pod("sluice-edge")["spec"]["terminationGracePeriodSeconds"]
-    assert grace >= pre_stop + cfg.drain_grace_s + MARGIN_S
+    assert grace >= pre_stop + cfg.server.drain_grace_s + MARGIN_S
 
 
 def test_config_and_secret_references_resolve():
@@ -270,9 +272,9 @@ def test_proxies_wait_as_long_as_a_generation_may_take():
         (float(ingress[prefix + "proxy-read-timeout"]), ingress[prefix + "proxy-body-size"], "ing"),
         (nginx.read_timeout_s, nginx.max_body, "render_nginx.py defaults"),
     ):
-        assert read_timeout >= cfg.request_timeout_s, where
-        assert cfg.heartbeat_s * 2 <= read_timeout, where
-        assert size_bytes(body) >= cfg.max_body_bytes, where
+        assert read_timeout >= cfg.stream.request_timeout_s, where
+        assert cfg.stream.heartbeat_s * 2 <= read_timeout, where
+        assert size_bytes(body) >= cfg.server.max_body_bytes, where
     assert ingress[prefix + "proxy-buffering"] == "off"
     assert "non_idempotent" not in ingress[prefix + "proxy-next-upstream"]
 
@@ -281,7 +283,7 @@ def test_proxies_wait_as_long_as_a_generation_may_take():
 def test_the_edge_reaches_workers_by_a_dns_target_like_the_manifest(tmp_path: Path):
     """The manifest names workers as dns:///SERVICE:PORT; the real edge must take that
     form. Here the name is localhost (the worker listens on 127.0.0.1)."""
-    manifest_target = edge_cfg().workers[0]
+    manifest_target = edge_cfg().routing.workers[0]
     assert manifest_target.startswith("dns:///")
     worker = start_worker("--engine", "sim", "--sim-token-delay", "0")
     try:

@@ -27,7 +27,7 @@ def sim() -> Iterator[Stack]:
     # ~50-token answers at 10 ms a token; the worker keeps a dropped generation for 5 s.
     with stack(
         ("--sim-token-delay", "0.01", "--sim-answer-tokens", "50", "--detach-grace", "5"),
-        ("--detach-grace", "5", "--retry-ms", "200"),
+        ("--openai-detach-grace", "5", "--retry-ms", "200"),
     ) as s:
         yield s
 

@@ -19,11 +19,11 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from starlette.applications import Starlette
 from starlette.routing import Mount, Route, WebSocketRoute
 
+from edge.api.routes import GENERATION_ROUTES, READ, STREAM_LINK, Dispatch
 from edge.app import create_app
-from edge.config import EdgeConfig
+from edge.config import EdgeConfig, RoutingConfig
 from scripts.bench.openai_driver import StreamSink
 from scripts.bench.record import RequestRecord
 from scripts.bench.sse_reader import ResponseParser
@@ -50,7 +50,7 @@ ADMIN_KEY = "admin-" + secrets.token_hex(16)
 # What a request may do without any key: the chat page, probes, stream links (capabilities).
 PUBLIC = {
     (method, path)
-    for path in ("/", "/healthz", "/readyz", "/v1/streams/{token}")
+    for path in ("/", "/health", "/healthz", "/readyz", "/v1/streams/{token}")
     for method in ("GET", "HEAD")
 }
 
@@ -118,12 +118,15 @@ def _routes(routes: list[Any], prefix: str = "") -> Iterator[tuple[str, str]]:
 
 
 def app_routes() -> list[tuple[str, str]]:
-    """Every (method, path template) of the edge's Starlette app, as built now: routes
-    added by anyone later are walked too."""
-    app: Any = create_app(EdgeConfig(workers=["127.0.0.1:9"]))
-    while not isinstance(app, Starlette):
+    """Every (method, path template) the edge serves, as built now (its generation routes
+    and its Starlette app's, admin included): routes added by anyone later are walked too."""
+    config = EdgeConfig(routing=RoutingConfig(workers=["127.0.0.1:9"], admin_key="k" * 16))
+    app: Any = create_app(config)
+    while not isinstance(app, Dispatch):
         app = app.app
-    return sorted(set(_routes(list(app.routes))))
+    generation = [(m, path) for path, (methods, _) in GENERATION_ROUTES.items() for m in methods]
+    link = [(m, STREAM_LINK + "{token}") for m in READ]
+    return sorted({*generation, *link, *_routes(list(app.rest.routes))})
 
 
 def test_every_route_needs_a_key_except_the_public_ones(stack):

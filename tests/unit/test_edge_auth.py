@@ -8,10 +8,10 @@ import io
 
 import pytest
 
-from edge import auth
-from edge.auth import ADMIN, API, PUBLIC, KeyFileError, KeyStore, classify, parse_entry
-from edge.cors import check_origins
-from edge.tls import WorkerTLS
+from edge.config import WorkerTLSConfig
+from edge.security import auth, tls
+from edge.security.auth import ADMIN, API, PUBLIC, KeyFileError, KeyStore, classify, parse_entry
+from edge.security.cors import check_origins
 
 KEY = "sk-sluice-0123456789abcdef"
 HEX = hashlib.sha256(KEY.encode()).hexdigest()
@@ -127,8 +127,9 @@ def test_cors_origins_are_checked():
 
 
 def test_worker_tls_settings_are_checked(tmp_path):
-    assert not WorkerTLS().enabled and WorkerTLS(server_name="w").enabled
+    assert not WorkerTLSConfig().enabled and WorkerTLSConfig(server_name="w").enabled
+    assert tls.credentials(WorkerTLSConfig()) is None
     with pytest.raises(ValueError, match="together"):
-        WorkerTLS(cert="a.crt").check()
+        tls.check(WorkerTLSConfig(cert="a.crt"))
     with pytest.raises(ValueError, match="no such file"):
-        WorkerTLS(ca=str(tmp_path / "none.pem")).check()
+        tls.check(WorkerTLSConfig(ca=str(tmp_path / "none.pem")))

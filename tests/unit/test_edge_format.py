@@ -7,7 +7,7 @@ import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from edge.openai_format import ChatFormat, CompletionFormat, logprob_entries, make_format
+from edge.api.formats import ChatFormat, CompletionFormat, logprob_entries, make_format
 from generated import sluice_pb2 as pb
 
 USAGE = pb.Usage(prompt_tokens=5, completion_tokens=3, cached_prompt_tokens=2)

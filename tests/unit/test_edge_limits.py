@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from edge.api.schema import GenRequest, check_prompt
 from edge.errors import ApiError
-from edge.histogram import Histogram
-from edge.limits import TokenBucket, check_prompt
-from edge.metrics import Metrics, MetricsMiddleware
-from edge.openai_schema import GenRequest
+from edge.obs.histogram import Histogram
+from edge.obs.metrics import Metrics
+from edge.obs.record import RouteLabels
+from edge.security.limits import TokenBucket
 
 
 def test_token_bucket_allows_a_burst_then_the_rate():
@@ -51,10 +52,10 @@ def test_histogram_exposition_is_cumulative_with_inclusive_bounds():
 
 
 def test_routes_with_parameters_are_labelled_by_template():
-    m = MetricsMiddleware(None, Metrics(), frozenset({"/v1/models", "/v1/streams/{token}"}))  # type: ignore[arg-type]
-    assert m.route("/v1/models") == "/v1/models"
-    assert m.route("/v1/streams/abc.def") == "/v1/streams/{token}"
-    assert m.route("/v1/streams/a/b") == "other"
+    route = RouteLabels(["/v1/models", "/v1/streams/{token}"])
+    assert route("/v1/models") == "/v1/models"
+    assert route("/v1/streams/abc.def") == "/v1/streams/{token}"
+    assert route("/v1/streams/a/b") == "other"
     text = Metrics().render(0).decode()
     for family in (
         "sluice_edge_time_to_first_token_seconds histogram",

@@ -5,7 +5,8 @@ import time
 import pytest
 
 from edge.errors import ApiError
-from edge.resume import ResumeCodec, worker_key
+from edge.stream.ids import ResumeCodec
+from edge.upstream.worker import worker_key
 
 CODEC = ResumeCodec(b"k" * 32)
 W = worker_key("10.0.0.7:50051")

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from edge.routing import (
+from edge.upstream.routing import (
     hash64,
     hrw,
     hrw_order,

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from edge.api.schema import parse, parse_chat, parse_completion
 from edge.errors import ApiError
-from edge.openai_schema import parse, parse_chat, parse_completion
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 COMPLETION = {"model": "m", "prompt": "hi"}

@@ -10,7 +10,7 @@ import orjson
 import pytest
 from openai._streaming import SSEDecoder
 
-from edge import sse
+from edge.stream import sse
 
 
 def decode(raw: bytes) -> list[tuple[str | None, str, str | None]]:

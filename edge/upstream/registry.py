@@ -1,9 +1,9 @@
 """The pools of workers behind this edge, their runtime changes, and the choice of a worker.
 
-`PoolRegistry` replaces the single `WorkerSet`: the same `workers`/`ready()`/`pick()`/
-`start()`/`close()` surface for the HTTP handlers, plus pools with weights, session
-affinity and failover exclusions (the math is in `edge.routing`), runtime changes for the
-admin API, per-pool metrics and the canary watch.
+`PoolRegistry` holds pools with weights, picks workers (session affinity, weights, load,
+failover exclusions: the math is in `edge.upstream.routing`), applies runtime changes
+for the admin API and keeps per-pool metrics. Background policies that watch it (the
+canary rollback, `edge.upstream.canary`) are started by the bootstrap, not by it.
 
 Changes apply to new requests at once (same event loop, no locks): a call already running
 keeps its worker whatever happens to weights or membership. A removed worker leaves
@@ -20,14 +20,15 @@ from collections.abc import Callable, Collection, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from edge import canary, pool_metrics
-from edge.config import EdgeConfig
+from edge.config import RoutingConfig
 from edge.errors import ApiError, no_worker
-from edge.pool_config import PoolSpec, RollbackSpec, RoutingOptions, build_pools
-from edge.pool_metrics import PoolMetrics
-from edge.pool_worker import PoolWorker
-from edge.routing import hrw, two_choices, weighted_hrw, weighted_random
-from edge.upstream import UNKNOWN, channel_options
+from edge.obs.prom import Exposition, labels
+from edge.upstream import outcomes
+from edge.upstream.channel import ChannelFactory
+from edge.upstream.outcomes import PoolMetrics
+from edge.upstream.pools import PoolSpec, RollbackSpec, build_pools
+from edge.upstream.routing import hrw, two_choices, weighted_hrw, weighted_random
+from edge.upstream.worker import UNKNOWN, Worker
 
 log = logging.getLogger("sluice.edge")
 
@@ -40,14 +41,14 @@ class Pool:
     version: str
     weight: float
     rollback: RollbackSpec | None = None
-    workers: dict[str, PoolWorker] = field(default_factory=dict)  # by address
+    workers: dict[str, Worker] = field(default_factory=dict)  # by address
     rolled_back: dict[str, object] | None = None  # the last automatic rollback
 
 
-Group = tuple[Pool, list[PoolWorker]]
+Group = tuple[Pool, list[Worker]]
 # Stricter first: routable; then SERVING ignoring passive marks (nginx tries marked-down
 # servers when nothing else is left); then workers whose health is not known yet.
-_LEVELS: tuple[Callable[[PoolWorker, float], bool], ...] = (
+_LEVELS: tuple[Callable[[Worker, float], bool], ...] = (
     lambda w, now: w.routable(now),
     lambda w, now: w.serving and not w.removed,
     lambda w, now: w.status == UNKNOWN and not w.removed,
@@ -60,16 +61,16 @@ class PoolRegistry:
     def __init__(
         self,
         specs: Sequence[PoolSpec],
-        opts: RoutingOptions,
-        channel_options: Sequence[tuple[str, int]],
+        opts: RoutingConfig,
+        channels: ChannelFactory,
         rng: random.Random | None = None,
     ) -> None:
         self.options = opts
-        self._channel_options = list(channel_options)
+        self._channels = channels
         self._rng = rng or random.Random()
         self.pools: dict[str, Pool] = {}
         self.metrics: dict[str, PoolMetrics] = {}
-        self._retiring: set[PoolWorker] = set()
+        self._retiring: set[Worker] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._started = False
         for spec in specs:
@@ -81,7 +82,6 @@ class PoolRegistry:
         self._started = True
         for w in self.workers:
             w.start()
-        self._spawn(canary.watch(self), "canary watch")
 
     async def close(self) -> None:
         for task in list(self._tasks):
@@ -90,15 +90,15 @@ class PoolRegistry:
         everyone = [*self.workers, *self._retiring]
         await asyncio.gather(*(w.close() for w in everyone), return_exceptions=True)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    # -- the WorkerSet surface ----------------------------------------------------------
+    # -- picking ----------------------------------------------------------------------
 
     @property
-    def workers(self) -> list[PoolWorker]:
+    def workers(self) -> list[Worker]:
         """Every worker in a pool (removed ones that still finish calls are not listed)."""
         return [w for p in self.pools.values() for w in p.workers.values()]
 
@@ -112,7 +112,7 @@ class PoolRegistry:
         key: str = "",
         exclude: Collection[str] = (),
         prefer_pool: str = "",
-    ) -> PoolWorker:
+    ) -> Worker:
         """A worker for a new generation (or a retry: `exclude` holds addresses tried).
 
         With a session key: the key's pool by weighted rendezvous, then its worker by
@@ -140,7 +140,7 @@ class PoolRegistry:
         self,
         model: str,
         exclude: Collection[str],
-        ok: Callable[[PoolWorker, float], bool],
+        ok: Callable[[Worker, float], bool],
         now: float,
     ) -> list[Group]:
         groups: list[Group] = []
@@ -156,7 +156,7 @@ class PoolRegistry:
                 groups.append((pool, ws))
         return groups
 
-    def _choose(self, groups: list[Group], key: str, prefer_pool: str) -> PoolWorker:
+    def _choose(self, groups: list[Group], key: str, prefer_pool: str) -> Worker:
         preferred = [g for g in groups if g[0].name == prefer_pool]
         if preferred:
             group = preferred[0]
@@ -170,12 +170,12 @@ class PoolRegistry:
 
     # -- calls report back ----------------------------------------------------------------
 
-    def released(self, worker: PoolWorker) -> None:
+    def released(self, worker: Worker) -> None:
         """A call on `worker` ended: close a removed worker's channel after its last call."""
         if worker.removed and worker.in_flight <= 0 and worker in self._retiring:
             self._retiring.discard(worker)
             worker.closed = True  # now: a call picked before the removal must not start
-            self._spawn(worker.close(), f"close {worker.address}")
+            self.spawn(worker.close(), f"close {worker.address}")
 
     def pool_metrics(self, pool: str) -> PoolMetrics:
         # Called for every upstream chunk: build a PoolMetrics only when missing
@@ -193,14 +193,14 @@ class PoolRegistry:
             raise ApiError(404, f"no pool named {name!r}", type="not_found_error", code="no_pool")
         return pool
 
-    def find_worker(self, ref: str) -> PoolWorker | None:
+    def find_worker(self, ref: str) -> Worker | None:
         """A worker by address or key, in a pool or still finishing calls after removal."""
         for w in [*self.workers, *self._retiring]:
             if ref in (w.address, w.key):
                 return w
         return None
 
-    def find(self, key: str) -> PoolWorker:
+    def find(self, key: str) -> Worker:
         """The worker with this key (`resume.worker_key`), for resuming its streams."""
         worker = self.find_worker(key)
         if worker is None:
@@ -245,14 +245,14 @@ class PoolRegistry:
             self.pool_metrics(name).clear_window()  # judge the new setting on its own
         return pool
 
-    def add_worker(self, pool_name: str, address: str) -> PoolWorker:
+    def add_worker(self, pool_name: str, address: str) -> Worker:
         pool = self.pool(pool_name)
         self._check_free(address)
         worker = self._add(pool, address)
         log.info("pool %s: worker %s added", pool_name, address)
         return worker
 
-    def remove_worker(self, pool_name: str, ref: str) -> PoolWorker:
+    def remove_worker(self, pool_name: str, ref: str) -> Worker:
         pool = self.pool(pool_name)
         worker = pool.workers.get(ref) or next(
             (w for w in pool.workers.values() if w.key == ref), None
@@ -283,8 +283,8 @@ class PoolRegistry:
             if address in p.workers:
                 raise ApiError(409, f"worker {address} is in pool {p.name!r}", code="conflict")
 
-    def _add(self, pool: Pool, address: str) -> PoolWorker:
-        worker = PoolWorker(address, self._channel_options, pool.name, self.options)
+    def _add(self, pool: Pool, address: str) -> Worker:
+        worker = Worker(address, pool.name, self._channels, self.options)
         pool.workers[address] = worker
         if self._started:
             worker.start()
@@ -315,59 +315,52 @@ class PoolRegistry:
     def render_metrics(self) -> str:
         """Per-pool and per-worker lines for the edge's /metrics."""
         now = time.monotonic()
-        lines = [pool_metrics.render(self.metrics)]
-
-        def gauge(name: str, help_: str, samples: list[tuple[str, object]]) -> None:
-            lines.append(f"# HELP {name} {help_}\n# TYPE {name} gauge")
-            lines.extend(f"{name}{{{labels}}} {value}" for labels, value in samples)
-
+        out = Exposition()
+        outcomes.expose(out, self.metrics)
         pools = list(self.pools.values())
         windows = [
             (p, self.pool_metrics(p.name).window(p.rollback.window_s if p.rollback else 60.0, now))
             for p in pools
         ]
-        gauge(
+        out.family(
             "sluice_edge_pool_weight",
+            "gauge",
             "Share of new traffic (relative to the other pools).",
-            [(f'pool="{p.name}"', repr(p.weight)) for p in pools],
+            [(labels(pool=p.name), p.weight) for p in pools],
         )
-        gauge(
+        out.family(
             "sluice_edge_pool_error_ratio",
+            "gauge",
             "Failed attempts / attempts over the pool's window (rollback window, else 60 s).",
-            [(f'pool="{p.name}"', repr(w.error_rate)) for p, w in windows],
+            [(labels(pool=p.name), w.error_rate) for p, w in windows],
         )
-        gauge(
+        out.family(
             "sluice_edge_pool_ttft_p99_seconds",
+            "gauge",
             "p99 time to first token over the pool's window.",
-            [(f'pool="{p.name}"', repr(w.ttft_p99_s)) for p, w in windows if w.ttft_p99_s],
+            [(labels(pool=p.name), w.ttft_p99_s) for p, w in windows if w.ttft_p99_s],
         )
-        workers = [(f'pool="{w.pool}",worker="{w.address}",id="{w.key}"', w) for w in self.workers]
-        gauge(
+        workers = [(labels(pool=w.pool, worker=w.address, id=w.key), w) for w in self.workers]
+        out.family(
             "sluice_edge_worker_in_flight",
+            "gauge",
             "This edge's calls on a worker now.",
-            [(labels, w.in_flight) for labels, w in workers],
+            [(lbl, w.in_flight) for lbl, w in workers],
         )
-        gauge(
+        out.family(
             "sluice_edge_worker_routable",
+            "gauge",
             "1 if the worker gets new requests (SERVING, in its pool, not marked failed).",
-            [(labels, int(w.routable(now))) for labels, w in workers],
+            [(lbl, int(w.routable(now))) for lbl, w in workers],
         )
-        return "\n".join(lines) + "\n"
+        return out.text()
 
 
-def _has_model(worker: PoolWorker, model: str) -> bool:
+def _has_model(worker: Worker, model: str) -> bool:
     return not model or not worker.models or any(m.id == model for m in worker.models)
 
 
-def registry_from_config(config: EdgeConfig) -> PoolRegistry:
-    """The pools of `--pools` and `--worker`, with the config's routing options."""
-    opts = RoutingOptions(
-        max_tries=config.max_tries,
-        retry_budget_s=config.retry_budget_s,
-        continue_on_failure=config.continue_on_failure,
-        max_fails=config.max_fails,
-        fail_timeout_s=config.fail_timeout_s,
-        stats_interval_s=config.stats_interval_s,
-    )
+def registry_from_config(config: RoutingConfig, channels: ChannelFactory) -> PoolRegistry:
+    """The pools of `--pools` and `--worker`, with the routing options."""
     specs = build_pools(config.pools_file, config.workers)
-    return PoolRegistry(specs, opts, channel_options(config.keepalive_s))
+    return PoolRegistry(specs, config, channels)

@@ -12,13 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
 
-from edge.pool_config import RollbackSpec
-from edge.pool_metrics import WindowStats
-
-if TYPE_CHECKING:
-    from edge.pools import PoolRegistry
+from edge.upstream.outcomes import WindowStats
+from edge.upstream.pools import RollbackSpec
+from edge.upstream.registry import PoolRegistry
 
 log = logging.getLogger("sluice.edge")
 CHECK_INTERVAL_S = 0.25
@@ -72,7 +69,7 @@ def check(registry: PoolRegistry, now: float | None = None) -> list[str]:
 
 
 async def watch(registry: PoolRegistry) -> None:
-    """Run `check` forever (a task of the registry)."""
+    """Run `check` forever (started by the bootstrap's lifespan, as a task of the registry)."""
     while True:
         await asyncio.sleep(CHECK_INTERVAL_S)
         try:

@@ -14,12 +14,14 @@ worker, never twice on the same one, at most `max_tries` in all:
   `min_tokens` reduced by the tokens already produced. Only its new tokens are forwarded.
   Otherwise the failure reaches the client as its final `event: error`.
 
-Messages leave with gapless indices 0, 1, 2... across attempts and the original request
-id, so the response's event ids continue without a gap or repeat; the continuation's
+Messages keep their own attempt's indices: `worker` and `request_id` always name the
+attempt the last message came from, so the response's event ids name where each event
+can be resumed (the continuing generation after a continuation). The continuation's
 `final.usage` counts every completion token of the request.
 
-Each attempt is counted for its pool (outcome, TTFT, inter-token latency) and holds one
-in-flight slot on its worker; failures of a dead or broken worker also count toward its
+Each attempt is counted for its pool (outcome and TTFT when it ends or gets its first
+token, mean inter-token latency once when it ends) and holds one in-flight slot on its
+worker; failures of a dead or broken worker also count toward its
 passive failure marking.
 """
 
@@ -31,20 +33,16 @@ from dataclasses import dataclass
 
 import grpc
 
-from edge.continuation import continuation_start, final_outcome, may_continue
 from edge.errors import ApiError, from_status
-from edge.metrics import Message, Receive, Scope, Send
-from edge.pool_metrics import CANCELLED
-from edge.pool_worker import PoolWorker
-from edge.pools import PoolRegistry
-from edge.resume import ResumeCodec
-from edge.stream import GenerationResponse, Job
-from edge.upstream import GenerateCall
+from edge.upstream.calls import GenerateCall
+from edge.upstream.continuation import continuation_start, final_outcome, may_continue
+from edge.upstream.outcomes import CANCELLED
+from edge.upstream.registry import PoolRegistry
+from edge.upstream.worker import Worker
 from generated import sluice_pb2 as pb
 
 log = logging.getLogger("sluice.edge")
 
-WORKER_HEADER = b"x-sluice-worker"
 RETRY_BEFORE_TOKENS = frozenset({"unavailable", "overloaded"})
 CONTINUE_AFTER = frozenset({"unavailable", "upstream_error"})
 PASSIVE_FAILURES = frozenset({"unavailable", "upstream_error"})
@@ -52,12 +50,11 @@ PASSIVE_FAILURES = frozenset({"unavailable", "upstream_error"})
 
 @dataclass(eq=False)
 class _Attempt:
-    worker: PoolWorker
+    worker: Worker
     call: GenerateCall
-    request_id: str
     started: float
     base_tokens: int  # tokens forwarded before this attempt
-    delivered: bool = False  # forwarded a message (so it owns a segment)
+    tokens: int = 0  # its own tokens
     first_token: float | None = None
     last_token: float = 0.0
     ended: bool = False
@@ -72,7 +69,7 @@ class FailoverCall:
     def __init__(
         self,
         registry: PoolRegistry,
-        first: PoolWorker,
+        first: Worker,
         start: pb.StartGeneration,
         timeout_s: float | None,
         trace_id: str = "",
@@ -92,29 +89,21 @@ class FailoverCall:
         self._tried: set[str] = set()
         self._peeked: pb.GenerateResponse | None = None
         self._error: ApiError | None = None
-        self._next_index = 0
+        self._forwarded = 0  # messages passed on, all attempts together
         self._tokens = 0
         self._text: list[str] = []
         self._cancelled = False
-        # (first combined index, request id, worker key) of each attempt that delivered.
-        self._segments: list[tuple[int, str, str]] = []
         self.continuations = 0
 
     @property
-    def worker(self) -> PoolWorker:
+    def worker(self) -> Worker:
         return self._attempt.worker if self._attempt is not None else self._first
 
-    def position(self, index: int) -> tuple[str, str, int]:
-        """Where message `index` (as forwarded) lives upstream: (request id, worker key,
-        index in that worker's generation), which is what a `Resume` needs. An index
-        before the first message maps to the first generation, index -1."""
-        for first, request_id, key in reversed(self._segments):
-            if index >= first:
-                return request_id, key, index - first
-        if self._segments:
-            _, request_id, key = self._segments[0]
-            return request_id, key, index
-        return self._start.request_id, self.worker.key, index
+    @property
+    def request_id(self) -> str:
+        return (
+            self._attempt.call.request_id if self._attempt is not None else self._start.request_id
+        )
 
     # -- UpstreamCall -------------------------------------------------------------------
 
@@ -154,7 +143,7 @@ class FailoverCall:
     # -- attempts -----------------------------------------------------------------------
 
     async def _establish(
-        self, worker: PoolWorker | None, start: pb.StartGeneration, failure: ApiError | None
+        self, worker: Worker | None, start: pb.StartGeneration, failure: ApiError | None
     ) -> bool:
         """Attempts from `worker` on until one is accepted. On giving up, the error to
         report is `failure` if given (a stream already under way), else the last one."""
@@ -183,7 +172,7 @@ class FailoverCall:
     async def _recover(self, err: ApiError) -> None:
         """A running attempt failed: retry or continue elsewhere, or raise `err`."""
         budget_end = time.monotonic() + self._opts.retry_budget_s
-        if self._next_index == 0:  # nothing forwarded yet: a plain retry
+        if self._forwarded == 0:  # nothing forwarded yet: a plain retry
             worker = self._replacement(err, RETRY_BEFORE_TOKENS, budget_end)
             if not await self._establish(worker, self._start, err if worker is None else None):
                 assert self._error is not None
@@ -213,7 +202,7 @@ class FailoverCall:
 
     def _replacement(
         self, err: ApiError, retryable: frozenset[str], budget_end: float
-    ) -> PoolWorker | None:
+    ) -> Worker | None:
         """Another worker to try after `err`, or None (not retryable, out of tries/time)."""
         now = time.monotonic()
         if self._cancelled or (err.code or "") not in retryable:
@@ -229,45 +218,47 @@ class FailoverCall:
         except ApiError:
             return None
 
-    def _open(self, worker: PoolWorker, start: pb.StartGeneration) -> _Attempt:
+    def _open(self, worker: Worker, start: pb.StartGeneration) -> _Attempt:
         if self._cancelled:
             raise from_status(grpc.StatusCode.CANCELLED, "the generation was cancelled")
         now = time.monotonic()
         timeout = None if self._deadline is None else max(0.001, self._deadline - now)
         call = GenerateCall(worker, start, timeout, self._trace)
-        att = _Attempt(worker, call, start.request_id, now, self._tokens)
+        att = _Attempt(worker, call, now, self._tokens)
         worker.in_flight += 1
         self._tried.add(worker.address)
         self._attempt = att
         return att
 
     def _end(self, att: _Attempt, outcome: str) -> None:
-        """Once per attempt: release its slot, count its outcome."""
+        """Once per attempt: release its slot, count its outcome and mean inter-token gap."""
         if att.ended:
             return
         att.ended = True
         att.worker.in_flight -= 1
-        ttft = None if att.first_token is None else att.first_token - att.started
-        self._registry.pool_metrics(att.worker.pool).outcome(outcome, ttft)
+        metrics = self._registry.pool_metrics(att.worker.pool)
+        ttft = None
+        if att.first_token is not None:
+            ttft = att.first_token - att.started
+            if att.tokens > 1:
+                gaps = att.tokens - 1
+                metrics.itl.observe((att.last_token - att.first_token) / gaps, gaps)
+        metrics.outcome(outcome, ttft)
         if outcome in PASSIVE_FAILURES:
             att.worker.failed()
         self._registry.released(att.worker)
 
     def _forward(self, att: _Attempt, msg: pb.GenerateResponse) -> pb.GenerateResponse:
-        """Count, renumber and pass on one message of the current attempt."""
-        if not att.delivered:
-            att.delivered = True
-            self._segments.append((self._next_index, att.request_id, att.worker.key))
+        """Count and pass on one message of the current attempt (its index untouched)."""
+        self._forwarded += 1
         if msg.WhichOneof("kind") == "chunk":
             now = time.monotonic()
-            n = len(msg.chunk.token_ids)
-            metrics = self._registry.pool_metrics(att.worker.pool)
             if att.first_token is None:
                 att.first_token = now
-                metrics.ttft.observe(now - att.started)
-            elif n:
-                metrics.itl.observe((now - att.last_token) / n, n)
+                self._registry.pool_metrics(att.worker.pool).ttft.observe(now - att.started)
             att.last_token = now
+            n = len(msg.chunk.token_ids)
+            att.tokens += n
             self._tokens += n
             if self._continuable:
                 self._text.append(msg.chunk.text)
@@ -278,49 +269,13 @@ class FailoverCall:
                 # The continuation's prompt held the text sent before; count it once.
                 usage.prompt_tokens = max(0, usage.prompt_tokens - att.base_tokens)
             self._end(att, final_outcome(msg.final))
-        msg.index = self._next_index
-        msg.request_id = self._start.request_id
-        self._next_index += 1
         return msg
 
     def _length_final(self) -> pb.GenerateResponse:
+        """Every token was sent and only the `final` was lost: make it (indexed as the one
+        the broken attempt would have sent next)."""
         final = pb.Final(reason=pb.FINISH_REASON_LENGTH)
         final.usage.completion_tokens = self._tokens
-        return pb.GenerateResponse(final=final)
-
-
-class RoutedResponse(GenerationResponse):
-    """A generation's response over a `FailoverCall`.
-
-    It names its worker (`x-sluice-worker: <worker key>`: the worker that accepted a
-    stream, or that finished a whole JSON response), and keeps resume exact across
-    failovers: each event id names the generation and worker that hold the event's last
-    message, with the cursor in that generation's own indices (`FailoverCall.position`),
-    so a `Last-Event-ID` after a continuation resumes from the continuing worker.
-    """
-
-    def __init__(self, job: Job, call: FailoverCall, codec: ResumeCodec) -> None:
-        super().__init__(job)
-        self.call = call
-        self._codec = codec
-        self._segment = ("", "")
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async def send_with_worker(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = list(message.get("headers", ()))
-                headers.append((WORKER_HEADER, self.call.worker.key.encode()))
-                message["headers"] = headers
-            await send(message)
-
-        await super().__call__(scope, receive, send_with_worker)
-
-    def _event(self, data: bytes, cursor: int, event: bytes | None = None, part: int = 0) -> bytes:
-        # A token event's cursor is the index after its last message; an ending part's
-        # is the final message's own index (see GenerationResponse._ending).
-        last = cursor if part else cursor - 1
-        request_id, key, local = self.call.position(last)
-        if (request_id, key) != self._segment:
-            self._segment = (request_id, key)
-            self._id_prefix = self._codec.prefix(request_id, key)
-        return super()._event(data, local if part else local + 1, event, part)
+        att = self._attempt
+        index = att.call.next_index if att is not None else 0
+        return pb.GenerateResponse(request_id=self.request_id, index=index, final=final)

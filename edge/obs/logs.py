@@ -1,13 +1,14 @@
 """Edge logging: text for people or one JSON object per line (`--log-format json`), and
 in JSON mode one access record per request.
 
-The access record (logger `sluice.edge.access`) carries `request_id` (the generation's id,
-which the worker logs as `request_id` too), `trace_id` (the client's X-Request-Id when it
-sent a usable one, passed to the worker as gRPC metadata `x-request-id`, which the worker
-logs as `trace_id`), method, route (the template: stream-link capabilities never reach
-the log), status, duration (until the last byte of a stream), token counts, the API key's
-name and the client address. The configuration is a `logging.config.dictConfig` dict that
-uvicorn applies in every process, so `--processes N` processes log the same way.
+The access record (logger `sluice.edge.access`, written by `edge.obs.record`) carries
+`request_id` (the generation's id, which the worker logs as `request_id` too), `trace_id`
+(the client's X-Request-Id when it sent a usable one, passed to the worker as gRPC
+metadata `x-request-id`, which the worker logs as `trace_id`), method, route (the
+template: stream-link capabilities never reach the log), status, duration (until the
+last byte of a stream), token counts, the API key's name, bytes sent and the client
+address. The configuration is a `logging.config.dictConfig` dict that uvicorn applies in
+every process, so `--processes N` processes log the same way.
 """
 
 from __future__ import annotations
@@ -18,19 +19,17 @@ import logging
 import re
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from starlette.types import Scope
 from uvicorn.config import LOGGING_CONFIG
 
-from edge.auth import CALLER
-from edge.metrics import ASGIApp, Message, Receive, Scope, Send
-from generated import sluice_pb2 as pb
+if TYPE_CHECKING:
+    from edge.obs.record import RequestRecord
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-ROUTE = "sluice.route"  # scope key: the route template (set by MetricsMiddleware)
-GENERATION = "sluice.generation"  # scope key: the GenerationResponse that served it
 _STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "color_message"}
-_TRACE_RE = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
+TRACE_RE = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
 access_log = logging.getLogger("sluice.edge.access")
 
 
@@ -89,58 +88,29 @@ def log_config(fmt: str, level: str) -> dict[str, Any]:
     return cfg
 
 
-class AccessLogMiddleware:
-    """One `sluice.edge.access` record per HTTP request, when its response is done."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        t0 = time.perf_counter()
-        status = 0
-
-        async def recording_send(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, recording_send)
-        finally:
-            access_log.info(
-                "%s %s %d", scope["method"], scope.get(ROUTE, "other"), status,
-                extra=record(scope, status, time.perf_counter() - t0),
-            )  # fmt: skip
-
-
-def record(scope: Scope, status: int, duration_s: float) -> dict[str, Any]:
-    """The access record's fields."""
+def access_record(scope: Scope, rec: RequestRecord, duration_s: float) -> dict[str, Any]:
+    """The access record's fields (see the module docstring)."""
     out: dict[str, Any] = {
         "method": scope["method"],
-        "route": scope.get(ROUTE, "other"),
-        "status": status,
+        "route": rec.route,
+        "status": rec.status,
         "duration_ms": round(duration_s * 1000, 3),
-        "key": scope.get(CALLER),
+        "bytes": rec.bytes_sent,
+        "key": rec.caller,
         "client": (scope.get("client") or ("", 0))[0],
     }
-    gen = scope.get(GENERATION)
-    if gen is not None:
-        out["request_id"] = gen.job.request_id
-        out["trace_id"] = gen.job.trace_id
-        final = gen.final
-        if final is not None:
-            out["prompt_tokens"] = final.usage.prompt_tokens
-            out["completion_tokens"] = final.usage.completion_tokens
-            out["finish"] = pb.FinishReason.Name(final.reason)
+    if rec.request_id:
+        out["request_id"] = rec.request_id
+        out["trace_id"] = rec.trace_id
+        if rec.finish is not None:
+            out["prompt_tokens"] = rec.prompt_tokens
+            out["completion_tokens"] = rec.completion_tokens
+            out["finish"] = rec.finish
         return out
     given = ""
     for name, value in scope.get("headers", ()):
         if name == b"x-request-id":
             given = value.decode("latin-1")
     out["request_id"] = uuid.uuid4().hex
-    out["trace_id"] = given if _TRACE_RE.fullmatch(given) else out["request_id"]
+    out["trace_id"] = given if TRACE_RE.fullmatch(given) else out["request_id"]
     return out

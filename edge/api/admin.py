@@ -1,9 +1,9 @@
 """The admin HTTP API: pools, weights and workers at runtime.
 
-Off unless a key is configured (`--admin-key` or `$SLUICE_ADMIN_KEY`): then every route
-answers 404 as if it did not exist. With a key, each request needs
-`Authorization: Bearer <key>` (compared in constant time): none is a 401, a wrong one a
-403. Changes apply to new requests at once and never move an in-flight stream.
+Off unless a key is configured (`--admin-key` or `$SLUICE_ADMIN_KEY`): the bootstrap then
+does not install these routes, so they answer 404 as if they did not exist. The key
+itself is checked in one place, `edge.security.auth` (none sent: 401, a wrong one: 403).
+Changes apply to new requests at once and never move an in-flight stream.
 
     GET    /admin/pools                          pools, weights, workers, recent outcomes
     POST   /admin/pools                          {"name", "version", "weight", "workers",
@@ -19,7 +19,6 @@ State is per edge process: with `--processes N` > 1 each process has its own.
 
 from __future__ import annotations
 
-import hmac
 from typing import Any
 
 import orjson
@@ -27,32 +26,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from edge.errors import ApiError, no_worker
-from edge.pool_config import PoolConfigError, parse_pool, parse_weight
-from edge.pools import PoolRegistry
+from edge.errors import ApiError, error_response
+from edge.upstream.pools import PoolConfigError, parse_pool, parse_weight
+from edge.upstream.registry import PoolRegistry
 
 MAX_ADMIN_BODY = 64 * 1024
 
 
-def authorize(header: str | None, key: str) -> ApiError | None:
-    """None when `header` carries `key` as a Bearer token; else the error to answer. Pure."""
-    if not key:
-        return ApiError(404, "not found", type="not_found_error", code="http_404")
-    scheme, _, token = (header or "").partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        return ApiError(401, "admin API needs 'Authorization: Bearer <key>'", code="unauthorized")
-    if not hmac.compare_digest(token.strip().encode(), key.encode()):
-        return ApiError(403, "wrong admin key", type="permission_error", code="forbidden")
-    return None
-
-
 def _json(body: object, status: int = 200) -> Response:
     return Response(orjson.dumps(body), status_code=status, media_type="application/json")
-
-
-def _error(err: ApiError) -> Response:
-    headers = {"www-authenticate": "Bearer"} if err.status == 401 else None
-    return Response(err.json(), err.status, headers=headers, media_type="application/json")
 
 
 async def _body(request: Request) -> dict[str, Any]:
@@ -69,22 +51,16 @@ async def _body(request: Request) -> dict[str, Any]:
 
 
 def _admin(handler: Any) -> Any:
-    """Wrap a handler(request, registry): authorization first, errors as JSON."""
+    """Wrap a handler(request, registry): errors as JSON (the key was checked already)."""
 
     async def endpoint(request: Request) -> Response:
-        state = request.app.state.edge
-        denied = authorize(request.headers.get("authorization"), state.config.admin_key)
-        if denied is not None:
-            return _error(denied)
-        registry: PoolRegistry | None = state.workers
         try:
-            if registry is None:
-                raise no_worker()
+            registry: PoolRegistry = request.app.state.edge.workers()
             return await handler(request, registry)  # type: ignore[no-any-return]
         except PoolConfigError as exc:
-            return _error(ApiError(400, str(exc), code="invalid_value"))
+            return error_response(ApiError(400, str(exc), code="invalid_value"))
         except ApiError as err:
-            return _error(err)
+            return error_response(err)
 
     return endpoint
 

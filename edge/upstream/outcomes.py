@@ -15,7 +15,8 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from edge.histogram import Histogram
+from edge.obs.histogram import Histogram
+from edge.obs.prom import Exposition, labels
 
 OK = "ok"
 CANCELLED = "cancelled"
@@ -88,28 +89,38 @@ class PoolMetrics:
         return WindowStats(len(recent), errors, percentile(ttfts, 0.5), percentile(ttfts, 0.99))
 
 
-def render(pools: dict[str, PoolMetrics]) -> str:
-    """Prometheus text for every pool (appended to the edge's /metrics)."""
-    lines: list[str] = []
-
-    def head(name: str, kind: str, help_: str) -> None:
-        lines.append(f"# HELP {name} {help_}")
-        lines.append(f"# TYPE {name} {kind}")
-
-    head("sluice_edge_pool_requests_total", "counter", "Upstream attempts by pool and outcome.")
-    for pool, m in sorted(pools.items()):
-        for code, v in sorted(m.outcomes.items()):
-            lines.append(f'sluice_edge_pool_requests_total{{pool="{pool}",outcome="{code}"}} {v}')
-    head("sluice_edge_pool_ttft_seconds", "histogram", "Time to first token per attempt.")
-    for pool, m in sorted(pools.items()):
-        lines.extend(m.ttft.samples("sluice_edge_pool_ttft_seconds", f'pool="{pool}"'))
-    head("sluice_edge_pool_inter_token_seconds", "histogram", "Time between tokens.")
-    for pool, m in sorted(pools.items()):
-        lines.extend(m.itl.samples("sluice_edge_pool_inter_token_seconds", f'pool="{pool}"'))
-    head("sluice_edge_pool_continuations_total", "counter", "Streams continued on this pool.")
-    for pool, m in sorted(pools.items()):
-        lines.append(f'sluice_edge_pool_continuations_total{{pool="{pool}"}} {m.continuations}')
-    head("sluice_edge_pool_rollbacks_total", "counter", "Automatic canary rollbacks.")
-    for pool, m in sorted(pools.items()):
-        lines.append(f'sluice_edge_pool_rollbacks_total{{pool="{pool}"}} {m.rollbacks}')
-    return "\n".join(lines) + "\n"
+def expose(out: Exposition, pools: dict[str, PoolMetrics]) -> None:
+    """Every pool's counters and histograms, into one scrape."""
+    ordered = sorted(pools.items())
+    out.family(
+        "sluice_edge_pool_requests_total",
+        "counter",
+        "Upstream attempts by pool and outcome.",
+        [
+            (labels(pool=pool, outcome=code), v)
+            for pool, m in ordered
+            for code, v in sorted(m.outcomes.items())
+        ],
+    )
+    out.histograms(
+        "sluice_edge_pool_ttft_seconds",
+        "Time to first token per attempt.",
+        [(labels(pool=pool), m.ttft) for pool, m in ordered],
+    )
+    out.histograms(
+        "sluice_edge_pool_inter_token_seconds",
+        "Time between tokens (each attempt's mean, weighted by its gaps).",
+        [(labels(pool=pool), m.itl) for pool, m in ordered],
+    )
+    out.family(
+        "sluice_edge_pool_continuations_total",
+        "counter",
+        "Streams continued on this pool.",
+        [(labels(pool=pool), m.continuations) for pool, m in ordered],
+    )
+    out.family(
+        "sluice_edge_pool_rollbacks_total",
+        "counter",
+        "Automatic canary rollbacks.",
+        [(labels(pool=pool), m.rollbacks) for pool, m in ordered],
+    )

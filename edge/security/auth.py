@@ -9,8 +9,8 @@ comma-separated in the environment variable):
     sha256:<64 hex>         a key's SHA-256, so the file holds no secret
     <name>:sha256:<64 hex>  the same, named (the recommended form)
 
-`python -m edge.auth new-key --name NAME` makes a random key and prints the line to store;
-`python -m edge.auth hash-key --name NAME` reads a key on stdin and prints its line. Names
+`python -m edge.security.auth new-key --name NAME` makes a random key and prints the line to store;
+`python -m edge.security.auth hash-key --name NAME` reads a key on stdin and prints its line. Names
 appear in logs and pick the rate-limit bucket: two keys under one name share limits,
 which is how a key is rotated (add the new one under the same name, roll out, remove the
 old one). Keys in clear are hashed as they are read; only digests are kept in memory.
@@ -27,8 +27,8 @@ Who may call what (the one table, `classify`):
 - public: `GET /`, `/health`, `/healthz`, `/readyz`, `GET /v1/streams/{token}` (the link is an
   unguessable, expiring, signed capability; EventSource cannot send headers).
 - admin: `/metrics` and `/admin/...`: the admin key (`--admin-key`/`$SLUICE_ADMIN_KEY`);
-  none sent is a 401, a wrong one a 403 (as `edge.admin` answers). With no admin key,
-  `/admin` is off (edge.admin answers 404) and `/metrics` is open only while no API key
+  none sent is a 401, a wrong one a 403. With no admin key, `/admin` is off (its routes
+  are not installed: 404) and `/metrics` is open only while no API key
   is configured either (development); with API keys it is then refused (403).
 - every other path, including ones added later and unknown ones: an API key, when any
   is configured; with none, authentication is off (a warning is logged at start).
@@ -45,17 +45,17 @@ import re
 import secrets
 import sys
 from collections.abc import Iterable
-from typing import Any
 
-from edge.errors import ApiError
-from edge.metrics import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from edge.errors import ApiError, error_response
+from edge.obs.record import record_of
 
 log = logging.getLogger("sluice.edge")
 
 KEYS_ENV = "SLUICE_API_KEYS"
 ADMIN_KEY_ENV = "SLUICE_ADMIN_KEY"
 MIN_KEY_CHARS = 16
-CALLER = "sluice.caller"  # scope key: the authenticated key's name (or ANONYMOUS)
 ANONYMOUS = "anonymous"  # the caller when authentication is off
 PUBLIC, ADMIN, API = "public", "admin", "api"
 
@@ -93,7 +93,7 @@ def parse_entry(line: str) -> tuple[str, str]:
     if len(key) < MIN_KEY_CHARS:
         raise KeyFileError(
             f"a key must have at least {MIN_KEY_CHARS} characters "
-            "(make one with `python -m edge.auth new-key`)"
+            "(make one with `python -m edge.security.auth new-key`)"
         )
     hexd = digest(key).hex()
     return name or default_name(hexd), hexd
@@ -152,12 +152,6 @@ class KeyStore:
         return name if hmac.compare_digest(stored, d) else None
 
 
-def admin_key(config: Any) -> str:
-    """The admin key (`--admin-key`, which defaults to `$SLUICE_ADMIN_KEY`; edge.admin
-    reads the same field)."""
-    return str(getattr(config, "admin_key", "") or "")
-
-
 def classify(method: str, path: str) -> str:
     """PUBLIC, ADMIN or API for a request (the table in the module docstring)."""
     if path in _PUBLIC_PATHS or _STREAM_LINK.fullmatch(path):
@@ -187,8 +181,9 @@ def forbidden(message: str) -> ApiError:
 
 
 class AuthMiddleware:
-    """Checks the key a request needs (`classify`); puts the caller's name in the scope
-    (`CALLER`) for API requests, so limits and access logs know who called."""
+    """Checks the key a request needs (`classify`); puts the caller's name in the
+    request's record (`edge.obs.record`) for API requests, so limits and access logs
+    know who called. The only place the admin key is checked."""
 
     def __init__(self, app: ASGIApp, keys: KeyStore, admin: str, failures: dict[str, int]) -> None:
         self.app = app
@@ -214,14 +209,14 @@ class AuthMiddleware:
         if kind == "websocket":
             await send({"type": "websocket.close", "code": 1008})
             return
-        challenge = [(b"www-authenticate", b'Bearer realm="sluice"')]
-        await send_error(send, error, challenge if error.status == 401 else None)
+        challenge = {"www-authenticate": 'Bearer realm="sluice"'} if error.status == 401 else None
+        await error_response(error, challenge)(scope, receive, send)
 
     def _check(self, access: str, token: str, scope: Scope) -> ApiError | None:
         if access == ADMIN:
             return self._check_admin(token, scope["path"])
         if not self.keys:
-            scope[CALLER] = ANONYMOUS
+            record_of(scope).caller = ANONYMOUS
             return None
         if not token:
             return unauthorized(
@@ -231,14 +226,14 @@ class AuthMiddleware:
         name = self.keys.identify(token)
         if name is None:
             return unauthorized("Incorrect API key provided.")
-        scope[CALLER] = name
+        record_of(scope).caller = name
         return None
 
     def _check_admin(self, token: str, path: str) -> ApiError | None:
         """The admin key, answered as edge.admin does: none sent 401, a wrong one 403."""
         if self.admin is None:
-            # No admin key: /admin is off (edge.admin answers 404); /metrics is open only
-            # while nothing else is protected either.
+            # No admin key: /admin is off (its routes are not even installed: 404);
+            # /metrics is open only while nothing else is protected either.
             if not self.keys or path != "/metrics":
                 return None
             return forbidden("no admin key is configured (--admin-key): /metrics is closed")
@@ -249,26 +244,11 @@ class AuthMiddleware:
         return None
 
 
-async def send_error(
-    send: Send, err: ApiError, extra: list[tuple[bytes, bytes]] | None = None
-) -> None:
-    """An ApiError as a whole HTTP response, from a middleware (before the app ran)."""
-    body = err.json()
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        *((k.encode(), v.encode()) for k, v in err.headers().items()),
-        *(extra or ()),
-    ]
-    await send({"type": "http.response.start", "status": err.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-# -- CLI: python -m edge.auth new-key | hash-key --------------------------------------
+# -- CLI: python -m edge.security.auth new-key | hash-key --------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m edge.auth", description="Sluice API keys.")
+    p = argparse.ArgumentParser(prog="python -m edge.security.auth", description="Sluice API keys.")
     sub = p.add_subparsers(dest="command", required=True)
     new = sub.add_parser("new-key", help="make a random key; print it and its keys-file line")
     new.add_argument("--name", default="", help="the key's name (logs, limits)")

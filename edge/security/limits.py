@@ -6,14 +6,16 @@
 - Concurrency: at most `--max-streams-per-key` generations (`/v1/chat/completions`,
   `/v1/completions`, streamed or not) in flight per caller. Past it: 429
   `concurrency_limit_exceeded`. A slot is held until the response's last byte is sent
-  or the request's ASGI call returns, whichever comes first: the stream ended, or the
-  client went away (the response notices a disconnect at once and returns).
-- Prompt: `--max-prompt-chars` bounds the characters of the prompt (all chat messages'
-  content together), checked before any worker is called: 400 naming `messages` or
-  `prompt`. The request body itself is bounded by `--max-body-bytes` (413).
+  (the record's `on_complete`, run by `edge.obs.record`'s send wrapper) or the request's
+  ASGI call returns, whichever comes first: the stream ended, or the client went away
+  (the response notices a disconnect at once and returns).
 
-The caller is the API key's name (`edge.auth.CALLER`); with authentication off, every
-request is the one caller "anonymous", so the limits become edge-wide. State is per edge
+The prompt's size (`--max-prompt-chars`) is checked with the request's other fields
+(`edge.api`); the body itself is bounded by `--max-body-bytes` (413).
+
+The caller is the API key's name (set by `edge.security.auth` in the request's record);
+with authentication off, every request is the one caller "anonymous", so the limits
+become edge-wide. State is per edge
 process: with `--processes N` (or N replicas) a key gets up to N times the limits.
 """
 
@@ -24,10 +26,10 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
-from edge.auth import CALLER, send_error
-from edge.errors import ApiError
-from edge.metrics import ASGIApp, Message, Receive, Scope, Send
-from edge.openai_schema import GenRequest
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from edge.errors import ApiError, error_response
+from edge.obs.record import record_of
 
 GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 CONCURRENCY_RETRY_S = 1.0  # no way to know when a stream ends: a plain hint
@@ -98,8 +100,9 @@ class LimitsMiddleware:
         self.streams: defaultdict[str, int] = defaultdict(int)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        caller = scope.get(CALLER)
-        if caller is None or scope["type"] != "http":
+        rec = record_of(scope) if scope["type"] == "http" else None
+        caller = rec.caller if rec is not None else None
+        if rec is None or caller is None:
             await self.app(scope, receive, send)
             return
         if self.rate > 0:
@@ -109,14 +112,14 @@ class LimitsMiddleware:
             wait = bucket.take(time.monotonic())
             if wait > 0:
                 self.rejections["rate_limit"] += 1
-                await send_error(send, rate_limited(wait))
+                await error_response(rate_limited(wait))(scope, receive, send)
                 return
         if not (self.max_streams and scope["path"] in GENERATION_PATHS):
             await self.app(scope, receive, send)
             return
         if self.streams[caller] >= self.max_streams:
             self.rejections["concurrency"] += 1
-            await send_error(send, too_many_streams(self.max_streams))
+            await error_response(too_many_streams(self.max_streams))(scope, receive, send)
             return
         self.streams[caller] += 1
         held = True
@@ -129,32 +132,11 @@ class LimitsMiddleware:
                 if not self.streams[caller]:
                     del self.streams[caller]
 
-        async def releasing_send(message: Message) -> None:
-            # Free the slot as the last byte goes out, not when the app returns (it may
-            # still wait for the RPC's status): a client that reads the end and sends its
-            # next request at once must find the slot free. No await in between.
-            if message["type"] == "http.response.body" and not message.get("more_body"):
-                release()
-            await send(message)
-
+        # Free the slot as the last byte goes out, not when the app returns (it may still
+        # wait for the RPC's status): a client that reads the end and sends its next
+        # request at once must find the slot free.
+        rec.on_complete.append(release)
         try:
-            await self.app(scope, receive, releasing_send)
+            await self.app(scope, receive, send)
         finally:
             release()
-
-
-def check_prompt(req: GenRequest, max_chars: int) -> None:
-    """400 when the prompt is longer than `max_chars` characters (0: no limit)."""
-    if max_chars <= 0:
-        return
-    if req.messages is not None:
-        size, param = sum(len(content) for _, content in req.messages), "messages"
-    else:
-        size, param = len(req.prompt or ""), "prompt"
-    if size > max_chars:
-        raise ApiError(
-            400,
-            f"'{param}' holds {size} characters, more than this server's limit of {max_chars}",
-            param=param,
-            code="prompt_too_long",
-        )

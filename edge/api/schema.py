@@ -313,3 +313,20 @@ __all__ = [
     "parse_chat",
     "parse_completion",
 ]
+
+
+def check_prompt(req: GenRequest, max_chars: int) -> None:
+    """400 when the prompt is longer than `max_chars` characters (0: no limit)."""
+    if max_chars <= 0:
+        return
+    if req.messages is not None:
+        size, param = sum(len(content) for _, content in req.messages), "messages"
+    else:
+        size, param = len(req.prompt or ""), "prompt"
+    if size > max_chars:
+        raise ApiError(
+            400,
+            f"'{param}' holds {size} characters, more than this server's limit of {max_chars}",
+            param=param,
+            code="prompt_too_long",
+        )

@@ -13,8 +13,7 @@ import re
 from collections.abc import Sequence
 
 from starlette.middleware.cors import CORSMiddleware
-
-from edge.metrics import ASGIApp
+from starlette.types import ASGIApp
 
 ALLOW_METHODS = ("GET", "POST", "OPTIONS")
 ALLOW_HEADERS = (
@@ -46,7 +45,7 @@ def check_origins(origins: Sequence[str]) -> list[str]:
 
 def cors_middleware(app: ASGIApp, origins: Sequence[str]) -> ASGIApp:
     return CORSMiddleware(
-        app,  # type: ignore[arg-type]
+        app,
         allow_origins=check_origins(origins),
         allow_methods=ALLOW_METHODS,
         allow_headers=ALLOW_HEADERS,

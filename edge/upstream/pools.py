@@ -1,5 +1,5 @@
 """Pools of workers as configured: the `--pools` file (JSON or TOML), `--worker` flags, and
-the routing options (failover, passive health, canary rollback).
+each pool's canary rollback bounds. (The routing flags are `edge.config.RoutingConfig`.)
 
 A pools file holds a list of pools, each with a unique name, a model version label, a
 weight (share of new traffic, >= 0) and worker addresses; a pool may add a `rollback`
@@ -9,18 +9,14 @@ table (automatic canary rollback bounds). `--worker ADDR` flags form one more po
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 DEFAULT_POOL = "default"
-ADMIN_KEY_ENV = "SLUICE_ADMIN_KEY"
-CONTINUE_MODES = ("never", "sampled", "always")
 MAX_NAME = 64
 
 
@@ -61,21 +57,6 @@ class PoolSpec:
     weight: float = 1.0
     workers: list[str] = field(default_factory=list)
     rollback: RollbackSpec | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RoutingOptions:
-    """How the edge retries and judges workers (from EdgeConfig)."""
-
-    max_tries: int = 3  # attempts per request, first one included, each on another worker
-    retry_budget_s: float = 5.0  # longest time spent finding a replacement after a failure
-    continue_on_failure: str = "sampled"  # after tokens were sent: never | sampled | always
-    max_fails: int = 1  # passive failures within fail_timeout_s that take a worker out...
-    fail_timeout_s: float = 10.0  # ...for this long (nginx's max_fails / fail_timeout)
-    stats_interval_s: float = 0.0  # GetStats poll per worker (0: the edge's own counts only)
-
-
-ROUTING_DEFAULTS = RoutingOptions()
 
 
 def _number(raw: dict[str, Any], name: str, default: float | None, lo: float = 0.0) -> Any:
@@ -168,54 +149,3 @@ def build_pools(pools_file: str, addresses: list[str]) -> list[PoolSpec]:
     if not seen:
         raise PoolConfigError("no worker addresses: give --worker or --pools")
     return pools
-
-
-# -- CLI ------------------------------------------------------------------------------
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The routing flags of `python -m edge`."""
-    d = ROUTING_DEFAULTS
-    g = p.add_argument_group("pools and routing")
-    g.add_argument("--pools", default="", help="pools file (JSON, or TOML by extension)")
-    g.add_argument(
-        "--admin-key",
-        default=os.environ.get(ADMIN_KEY_ENV, ""),
-        help=f"Bearer key of the /admin API (default: ${ADMIN_KEY_ENV}; none: admin API off)",
-    )
-    g.add_argument("--max-tries", type=int, default=d.max_tries, help="attempts per request")
-    g.add_argument(
-        "--retry-budget", type=float, default=d.retry_budget_s, help="seconds to find a replacement"
-    )
-    g.add_argument(
-        "--continue-on-failure",
-        choices=CONTINUE_MODES,
-        default=d.continue_on_failure,
-        help="continue a stream on another worker after a mid-stream failure",
-    )
-    g.add_argument("--max-fails", type=int, default=d.max_fails, help="0: no passive marking")
-    g.add_argument("--fail-timeout", type=float, default=d.fail_timeout_s, help="seconds")
-    g.add_argument(
-        "--stats-interval", type=float, default=d.stats_interval_s, help="GetStats poll, seconds"
-    )
-
-
-def fields_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """EdgeConfig fields for the routing flags (validated)."""
-    if args.max_tries < 1 or args.retry_budget < 0 or args.max_fails < 0:
-        raise SystemExit("--max-tries must be at least 1, --retry-budget/--max-fails >= 0")
-    if args.pools:
-        try:
-            build_pools(args.pools, args.worker)  # fail at the command line, not at startup
-        except (OSError, PoolConfigError) as exc:
-            raise SystemExit(f"--pools: {exc}") from None
-    return {
-        "pools_file": args.pools,
-        "admin_key": args.admin_key,
-        "max_tries": args.max_tries,
-        "retry_budget_s": args.retry_budget,
-        "continue_on_failure": args.continue_on_failure,
-        "max_fails": args.max_fails,
-        "fail_timeout_s": args.fail_timeout,
-        "stats_interval_s": args.stats_interval,
-    }

@@ -11,10 +11,9 @@ from typing import Any
 
 import orjson
 
-from edge.openai_schema import Kind
+from edge.api.schema import Kind
 from generated import sluice_pb2 as pb
 
-FINISH_REASONS = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}
 _dumps = orjson.dumps
 
 
@@ -42,10 +41,12 @@ def logprob_entries(chunk: pb.TokenChunk) -> list[dict[str, Any]]:
 
 
 class ChunkFormat:
-    """Renders one stream's OpenAI chunks; subclasses fix the object layout."""
+    """Renders one stream's OpenAI chunks (`edge.stream.response.Format`); subclasses fix
+    the object layout."""
 
     object_name = ""  # of streamed chunks
     response_object = ""  # of a whole response
+    logprobs = staticmethod(logprob_entries)
 
     def __init__(self, response_id: str, model: str, created: int, include_usage: bool) -> None:
         self.response_id = response_id

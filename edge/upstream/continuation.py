@@ -12,7 +12,7 @@ from __future__ import annotations
 import grpc
 
 from edge.errors import from_status, from_status_code_number
-from edge.pool_metrics import CANCELLED, OK
+from edge.upstream.outcomes import CANCELLED, OK
 from generated import sluice_pb2 as pb
 
 _SUCCESS = (pb.FINISH_REASON_STOP, pb.FINISH_REASON_LENGTH)

@@ -1,7 +1,8 @@
 """Stateless resume: signed SSE event ids and stream capabilities.
 
-An event id names the generation (request id), the worker holding its replay log (a short
-hash of the worker's address, so addresses never reach clients), an HMAC over both, and
+An event id names the generation (request id), the worker holding its replay log (its
+key: a short hash of the worker's address, `edge.upstream.worker.worker_key`, so
+addresses never reach clients), an HMAC over both, and
 the position: the edge's event counter and the upstream index to resume from. Any edge
 replica with the same secret can check an id and resume from it; a forged or altered id
 is refused with 400, never mapped to another stream.
@@ -37,11 +38,6 @@ def _b64(raw: bytes) -> str:
 
 def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
-def worker_key(address: str) -> str:
-    """A short, stable, opaque name for a worker address."""
-    return _b64(hashlib.sha256(address.encode()).digest()[:6])
 
 
 @dataclass(frozen=True, slots=True)

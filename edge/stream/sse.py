@@ -1,6 +1,6 @@
 """Server-sent events encoding: pure functions from values to wire bytes.
 
-Transport lives elsewhere (`edge.stream`); this module only frames. The encoder is safe
+Transport lives elsewhere (`edge.stream.response`); this module only frames. The encoder is safe
 for any string: a CR, LF or CRLF inside `data` starts a new `data:` line (the client joins
 them back with LF) rather than a new field or event, a NUL becomes U+FFFD (some parsers
 stop at it), and every line written starts with a field name, so model output that begins
@@ -83,34 +83,3 @@ def encode_comment(text: str = "") -> bytes:
     client's data buffer is empty, and every line of it starts with `:`.
     """
     return "".join(f": {line}\n" for line in _lines(text)).encode("utf-8", "replace") + b"\n"
-
-
-def parse_events(raw: bytes) -> list[dict[str, str]]:
-    """Decode a complete SSE byte stream the way a browser does (for tests and tools).
-
-    Returns one dict per dispatched event with `data` and, when set, `event`, `id`,
-    `retry`; comments are returned as {"comment": text}.
-    """
-    events: list[dict[str, str]] = []
-    text = raw.decode("utf-8", "replace")
-    current: dict[str, str] = {}
-    data: list[str] = []
-    for line in _LINE_BREAK.split(text):
-        if line == "":
-            if data:
-                current["data"] = "\n".join(data)
-                events.append(current)
-            current, data = {}, []
-            continue
-        if line.startswith(":"):
-            events.append({"comment": line[1:].removeprefix(" ")})
-            continue
-        name, _, value = line.partition(":")
-        value = value.removeprefix(" ")
-        if name == "data":
-            data.append(value)
-        elif name in ("event", "retry"):
-            current[name] = value
-        elif name == "id" and "\0" not in value:
-            current["id"] = value
-    return events

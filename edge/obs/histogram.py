@@ -4,8 +4,7 @@
 and costs several times that), and the edge keeps prometheus_client out of its
 dependencies (it comes with vLLM, which the edge never installs). Per process: with
 `--processes N` each uvicorn process has its own histograms, and a scrape sees the one
-process that answered (a multiprocess collector would need shared files, as
-prometheus_client's multiprocess mode does; run one process per pod and scale pods).
+process that answered (run one process per pod and scale pods).
 """
 
 from __future__ import annotations

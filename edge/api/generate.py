@@ -1,0 +1,219 @@
+"""The generation endpoints: parse and validate, pick a worker, hand a `Job` to the
+response. Chat, completions and browser streams share one prologue (`_prepare`) and all
+three run their upstream call through `FailoverCall`; resuming goes to the worker an
+event id names (`ResumeCall`).
+
+These handlers are plain ASGI endpoints dispatched by `edge.api.routes` without
+Starlette's per-route wrappers: the response they return writes through the one send
+path (`edge.obs.record`) for every event.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import dataclass
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from edge.api.formats import make_format
+from edge.api.pages import ORJSONResponse
+from edge.api.schema import GenRequest, Kind, check_prompt, parse
+from edge.api.state import EdgeState
+from edge.errors import ApiError
+from edge.obs.logs import TRACE_RE
+from edge.stream.ids import PART_DONE, ResumePoint, bad_event_id
+from edge.stream.response import GenerationResponse, Job
+from edge.upstream.calls import ResumeCall
+from edge.upstream.failover import FailoverCall
+from edge.upstream.routing import session_key
+
+TRACE_HEADER = "x-request-id"
+LAST_EVENT_ID = "last-event-id"
+STAMP_HEADER = "x-sluice-stamp-times"
+TIMEOUT_HEADER = "x-request-timeout"  # seconds: the client's own deadline for the whole request
+# What the official OpenAI SDK sends: its per-read timeout. For a non-streaming request
+# nothing is read until the end, so it bounds the whole generation; a stream reads often.
+OPENAI_READ_TIMEOUT_HEADER = "x-stainless-read-timeout"
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A validated request with its routing: what every generation endpoint starts from."""
+
+    req: GenRequest
+    key: str  # the session key (affinity), "" for none
+    request_id: str
+    trace_id: str
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    too_big = ApiError(413, f"request body is larger than {limit} bytes", code="request_too_large")
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise too_big
+    body = bytearray()
+    async for part in request.stream():
+        body += part
+        if len(body) > limit:
+            raise too_big
+    return bytes(body)
+
+
+def trace_id(request: Request, request_id: str) -> str:
+    """The client's X-Request-Id when it is a sane token, else ours: logs on both sides
+    (edge and worker, via gRPC metadata) carry it."""
+    given = request.headers.get(TRACE_HEADER, "")
+    return given if TRACE_RE.fullmatch(given) else request_id
+
+
+def timeout_s(request: Request, stream: bool, default: float) -> float:
+    """The generation's deadline: the config's, shortened by the client's own if it sent one."""
+    timeout = default
+    names = (TIMEOUT_HEADER,) if stream else (TIMEOUT_HEADER, OPENAI_READ_TIMEOUT_HEADER)
+    for name in names:
+        raw = request.headers.get(name)
+        if raw is None:
+            continue
+        try:
+            value = float(raw)
+        except ValueError:
+            continue
+        if math.isfinite(value) and value > 0:
+            timeout = min(timeout, value)
+    return timeout
+
+
+async def _prepare(state: EdgeState, request: Request, kind: Kind) -> Prepared:
+    cfg = state.config
+    req = parse(kind, await read_body(request, cfg.server.max_body_bytes))
+    check_prompt(req, cfg.security.max_prompt_chars)
+    key = session_key(request.headers, request.cookies, req.user)  # affinity, see routing
+    request_id = uuid.uuid4().hex
+    return Prepared(req, key, request_id, trace_id(request, request_id))
+
+
+def _failover(
+    state: EdgeState, p: Prepared, detach_grace_s: float, timeout: float, stamps: bool = False
+) -> FailoverCall:
+    registry = state.workers()
+    worker = registry.pick(p.req.model, p.key)
+    start = p.req.to_start(p.request_id, detach_grace_ms=int(detach_grace_s * 1000))
+    start.stamp_times = stamps
+    return FailoverCall(registry, worker, start, timeout, p.trace_id, p.key, p.req.model)
+
+
+async def generate(state: EdgeState, request: Request, kind: Kind) -> Response | GenerationResponse:
+    """POST /v1/chat/completions and /v1/completions."""
+    cfg = state.config.stream
+    p = await _prepare(state, request, kind)
+    last_event_id = request.headers.get(LAST_EVENT_ID)
+    if p.req.stream and last_event_id:  # a retried stream: continue it, don't start anew
+        point = state.codec.parse(last_event_id)
+        return _resume(state, request, kind, point, p.req.include_usage)
+    stamps = cfg.allow_stamps and request.headers.get(STAMP_HEADER) == "1"
+    timeout = timeout_s(request, p.req.stream, cfg.request_timeout_s)
+    call = _failover(state, p, cfg.detach_grace_s, timeout, stamps)
+    model = p.req.model or call.worker.model_id()
+    fmt = make_format(kind, p.request_id, model, int(time.time()), p.req.include_usage)
+    job = Job(
+        request_id=p.request_id,
+        trace_id=p.trace_id,
+        call=call,
+        fmt=fmt,
+        stream=p.req.stream,
+        logprobs=p.req.logprobs is not None,
+        config=cfg,
+        metrics=state.metrics,
+        codec=state.codec,
+        stamps=stamps,
+        name_worker=True,
+    )
+    return GenerationResponse(job)
+
+
+def _resume(
+    state: EdgeState,
+    request: Request,
+    kind: Kind,
+    point: ResumePoint,
+    include_usage: bool,
+    *,
+    from_start: bool = False,
+) -> Response | GenerationResponse:
+    """Continue a generation from a resume point, through any edge replica: the worker is
+    named by the (signed) point itself. `from_start`: a first GET of a stream link."""
+    if point.part == PART_DONE:
+        # The client has everything. 204 also tells EventSource to stop reconnecting.
+        return Response(status_code=204)
+    registry = state.workers()
+    worker = registry.find(point.worker)
+    trace = trace_id(request, point.request_id)
+    cfg = state.config.stream
+    call = ResumeCall(
+        worker,
+        point.request_id,
+        point.cursor,
+        cfg.request_timeout_s,
+        trace,
+        on_end=lambda: registry.released(worker),
+    )
+    fmt = make_format(kind, point.request_id, worker.model_id(), int(time.time()), include_usage)
+    job = Job(
+        request_id=point.request_id,
+        trace_id=trace,
+        call=call,
+        fmt=fmt,
+        stream=True,
+        logprobs=False,
+        config=cfg,
+        metrics=state.metrics,
+        codec=state.codec,
+        resume=None if from_start else point,
+        resumed="stream_link" if from_start else "last_event_id",
+    )
+    return GenerationResponse(job)
+
+
+async def create_stream(state: EdgeState, request: Request) -> Response:
+    """POST /v1/streams: start a chat generation for a browser; returns its stream link.
+
+    The body is a chat completion request. The generation starts at once and runs detached
+    (`--stream-grace`) until the link is opened with GET, which EventSource can do without
+    headers; its automatic reconnects send Last-Event-ID and resume exactly.
+    """
+    cfg = state.config.stream
+    p = await _prepare(state, request, "chat")
+    call = _failover(state, p, cfg.stream_grace_s, cfg.request_timeout_s)
+    try:
+        if not await call.admitted():
+            await call.read()  # raises the refusal as an ApiError (400, 429, ...)
+    finally:
+        call.cancel()  # the worker keeps generating for the stream grace
+    token, expires = state.codec.stream_token(call.request_id, call.worker.key, cfg.stream_ttl_s)
+    body = {
+        "id": p.request_id,
+        "object": "chat.completion.stream",
+        "model": p.req.model or call.worker.model_id(),
+        "stream_url": f"/v1/streams/{token}",
+        "expires_at": expires,
+    }
+    return ORJSONResponse(body, status_code=201, headers={TRACE_HEADER: p.trace_id})
+
+
+async def read_stream(
+    state: EdgeState, request: Request, token: str
+) -> Response | GenerationResponse:
+    """GET /v1/streams/{token}: the generation as SSE, from the start or from the
+    Last-Event-ID header (EventSource's reconnects) or `last_event_id` query parameter."""
+    request_id, worker = state.codec.open_stream(token)
+    last = request.headers.get(LAST_EVENT_ID) or request.query_params.get("last_event_id")
+    if last:
+        point = state.codec.parse(last)
+        if point.request_id != request_id or point.worker != worker:
+            raise bad_event_id("it belongs to another stream")
+        return _resume(state, request, "chat", point, include_usage=True)
+    start = ResumePoint(request_id, worker, seq=-1, cursor=0)
+    return _resume(state, request, "chat", start, include_usage=True, from_start=True)

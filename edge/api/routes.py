@@ -1,0 +1,87 @@
+"""The edge's HTTP routes, in one table, and the dispatcher in front of them.
+
+The generation routes (chat, completions, browser streams) are dispatched here directly
+as plain ASGI: no Starlette route, request-response or exception wrappers sit between
+their response and the one send path, which every one of their events takes. Every
+other route (pages, health, metrics, models, admin) is an ordinary Starlette route.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from edge.api import admin, generate, pages
+from edge.api.state import EdgeState
+from edge.errors import ApiError, error_response, internal_error
+
+log = logging.getLogger("sluice.edge")
+
+Endpoint = Callable[[EdgeState, Request], Awaitable[Any]]
+STREAM_LINK = "/v1/streams/"
+
+POST, READ = frozenset({"POST"}), frozenset({"GET", "HEAD"})
+GENERATION_ROUTES: dict[str, tuple[frozenset[str], Endpoint]] = {
+    "/v1/chat/completions": (POST, lambda s, r: generate.generate(s, r, "chat")),
+    "/v1/completions": (POST, lambda s, r: generate.generate(s, r, "completion")),
+    "/v1/streams": (POST, generate.create_stream),
+}
+PAGE_ROUTES = [
+    Route("/", pages.chat_page, methods=["GET"]),
+    Route("/v1/models", pages.list_models, methods=["GET"]),
+    Route("/healthz", pages.healthz, methods=["GET"]),
+    Route("/health", pages.healthz, methods=["GET"]),  # vLLM's name; its routers poll it
+    Route("/readyz", pages.readyz, methods=["GET"]),
+    Route("/metrics", pages.metrics, methods=["GET"]),
+]
+# Every route label the metrics know (parameters as templates).
+ROUTE_LABELS = [
+    *GENERATION_ROUTES,
+    STREAM_LINK + "{token}",
+    *(r.path for r in PAGE_ROUTES),
+    *(r.path for r in admin.ROUTES),
+]
+
+
+def _read_link(state: EdgeState, request: Request) -> Awaitable[Any]:
+    return generate.read_stream(state, request, request.url.path[len(STREAM_LINK) :])
+
+
+class Dispatch:
+    """Generation routes straight to their handler; anything else to `rest` (Starlette)."""
+
+    def __init__(self, state: EdgeState, rest: ASGIApp) -> None:
+        self.state = state
+        self.rest = rest
+
+    def _route(self, scope: Scope) -> tuple[frozenset[str], Endpoint] | None:
+        path = scope["path"]
+        found = GENERATION_ROUTES.get(path)
+        if found is None and path.startswith(STREAM_LINK) and "/" not in path[len(STREAM_LINK) :]:
+            found = (READ, _read_link)
+        return found
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        found = self._route(scope) if scope["type"] == "http" else None
+        if found is None:
+            await self.rest(scope, receive, send)
+            return
+        methods, endpoint = found
+        request = Request(scope, receive)
+        try:
+            if scope["method"] not in methods:
+                raise ApiError(
+                    405, "Method Not Allowed", code="http_405", type="invalid_request_error"
+                )
+            response = await endpoint(self.state, request)
+        except ApiError as err:
+            response = error_response(err)
+        except Exception:
+            log.exception("%s %s failed in the edge", scope["method"], scope["path"])
+            response = error_response(internal_error())
+        await response(scope, receive, send)

@@ -1,0 +1,112 @@
+"""One record per HTTP request, and the one `send` wrapper every response goes through.
+
+`ObsMiddleware` is the outermost layer of the edge. It puts a `RequestRecord` into the
+scope (`RECORD`), which the inner layers fill (security: the caller; the stream: request
+and trace ids, tokens, finish), and wraps `send` once: the status is counted in the
+metrics when the response starts, bytes are added up, the record's `on_complete`
+callbacks run as the last byte goes out (a limit's slot is free before the client can
+send its next request), and in JSON log mode one access record is written at the end.
+No other layer wraps `send`.
+
+Routes with parameters are counted under their template (`/v1/streams/{token}`), so
+labels stay few and capabilities never become label values.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from starlette.routing import compile_path
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from edge.obs.logs import access_log, access_record
+from edge.obs.metrics import Metrics
+
+RECORD = "sluice.record"
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What is known about one HTTP request (see the module docstring)."""
+
+    route: str
+    caller: str | None = None  # the API key's name (security sets it)
+    request_id: str = ""
+    trace_id: str = ""
+    status: int = 0
+    bytes_sent: int = 0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish: str | None = None
+    on_complete: list[Callable[[], None]] = field(default_factory=list)
+
+    def complete(self) -> None:
+        """Run (once) what waits for the response's end."""
+        callbacks, self.on_complete = self.on_complete, []
+        for cb in callbacks:
+            cb()
+
+
+def record_of(scope: Scope) -> RequestRecord:
+    """The scope's record (a blank one outside `ObsMiddleware`, e.g. in unit tests)."""
+    rec = scope.get(RECORD)
+    if rec is None:
+        rec = scope[RECORD] = RequestRecord(route=scope.get("path", "other"))
+    return rec  # type: ignore[no-any-return]
+
+
+class RouteLabels:
+    """Paths -> route labels: exact paths, templates, else "other"."""
+
+    def __init__(self, routes: Iterable[str]) -> None:
+        routes = list(routes)
+        self.exact = frozenset(r for r in routes if "{" not in r)
+        self.templates = [(compile_path(r)[0], r) for r in sorted(set(routes)) if "{" in r]
+
+    def __call__(self, path: str) -> str:
+        if path in self.exact:
+            return path
+        for regex, template in self.templates:
+            if regex.match(path):
+                return template
+        return "other"
+
+
+class ObsMiddleware:
+    """See the module docstring."""
+
+    def __init__(
+        self, app: ASGIApp, metrics: Metrics, routes: Iterable[str], access_log: bool
+    ) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.route = RouteLabels(routes)
+        self.access_log = access_log
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rec = scope[RECORD] = RequestRecord(route=self.route(scope["path"]))
+        requests = self.metrics.requests
+        t0 = time.perf_counter()
+
+        async def observed_send(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                rec.bytes_sent += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    rec.complete()
+            elif message["type"] == "http.response.start":
+                rec.status = message["status"]
+                requests[(rec.route, rec.status)] += 1
+            await send(message)
+
+        try:
+            await self.app(scope, receive, observed_send)
+        finally:
+            rec.complete()
+            if self.access_log:
+                fields = access_record(scope, rec, time.perf_counter() - t0)
+                access_log.info("%s %s %d", scope["method"], rec.route, rec.status, extra=fields)

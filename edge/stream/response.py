@@ -1,0 +1,385 @@
+"""One generation over HTTP: the ASGI response that runs it, as SSE or as one JSON body.
+
+Two tasks per generation, as Starlette's own streaming response has:
+- the body runs in the request's own task: read one upstream message, write its event,
+  and again (no reader task, no queue, no hand-off, no timer per wait);
+- one watcher task notices the client leaving (it cancels the request's task, whose
+  `finally` cancels the gRPC call, so the worker aborts the engine request at once) and
+  owns the stream's one deadline: the commit to 200 after `--first-byte` if the worker
+  has not answered yet, then a heartbeat whenever nothing was written for `--heartbeat`.
+  The deadline moves only when it fires, so a busy stream costs it nothing per event.
+
+Order of a stream: wait (at most `--first-byte`) for the worker to answer, so a refusal
+still gets its HTTP status (429, 400, ...); then the 200 and SSE headers, the role chunk,
+one event per upstream chunk, the finish chunk, the usage chunk if asked, and
+`data: [DONE]`. A failure after the 200 is a final `event: error` instead of the finish,
+with no `[DONE]`. Every event carries an `id:` naming the generation and worker that hold
+it and the upstream index to resume from (`edge.stream.ids`), taken from the message and
+the call as they come: nothing is renumbered.
+
+A client that reads slowly makes the body wait in `send`; it then stops reading gRPC,
+HTTP/2 flow control holds the worker back after `--stream-buffer-bytes`, and the worker
+merges the tokens it makes meanwhile into fewer, larger messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import grpc
+import orjson
+from starlette.types import Message, Receive, Scope, Send
+
+from edge.config import StreamConfig
+from edge.errors import ApiError, from_status, from_status_code_number, internal_error
+from edge.obs.metrics import Metrics
+from edge.obs.record import RequestRecord, record_of
+from edge.stream import sse
+from edge.stream.ids import PART_DONE, PART_FINISH, PART_USAGE, ResumeCodec, ResumePoint
+from edge.upstream.calls import UpstreamCall
+from generated import sluice_pb2 as pb
+
+log = logging.getLogger("sluice.edge")
+
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+WORKER_HEADER = b"x-sluice-worker"
+DONE = b"[DONE]"
+ERROR_EVENT = b"error"
+HEARTBEAT = sse.encode_comment("keep-alive")
+STATUS_SETTLE_S = 2.0  # after `final`, how long to wait for the RPC's OK before cancelling
+FINISH_REASONS = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}
+
+
+class Format(Protocol):
+    """How one stream's events and whole response look (`edge.api.formats`)."""
+
+    include_usage: bool
+
+    def opening(self) -> bytes | None: ...
+    def delta(self, text: str, logprobs: list[dict[str, Any]] | None) -> bytes: ...
+    def finish(self, reason: str) -> bytes: ...
+    def usage(self, usage: pb.Usage) -> bytes: ...
+    def logprobs(self, chunk: pb.TokenChunk) -> list[dict[str, Any]]: ...
+    def response(
+        self, text: str, reason: str, usage: pb.Usage, logprobs: list[dict[str, Any]] | None
+    ) -> dict[str, Any]: ...
+
+
+@dataclass(slots=True)
+class Job:
+    """What a handler hands to the response: one validated generation, ready to run."""
+
+    request_id: str  # ours, unique: the chunk ids
+    trace_id: str  # the client's X-Request-Id if it sent a usable one, else request_id
+    call: UpstreamCall
+    fmt: Format
+    stream: bool
+    logprobs: bool
+    config: StreamConfig
+    metrics: Metrics
+    codec: ResumeCodec
+    resume: ResumePoint | None = None  # set when this response continues a stream
+    # How this response continues a generation: "" (a new one), "last_event_id" or
+    # "stream_link" (a first GET of /v1/streams/{token}); counted as resumes.
+    resumed: str = ""
+    stamps: bool = False  # put the worker's `worker_time_ns` into chunks (benchmarks)
+    name_worker: bool = False  # send `x-sluice-worker: <key>` (routed generations)
+
+
+class GenerationResponse:
+    """ASGI app for one generation (see the module docstring)."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.call = job.call
+        self.fmt = job.fmt
+        self._seq = job.resume.seq + 1 if job.resume else 0
+        self._cursor = job.resume.cursor if job.resume else 0
+        self._origin: tuple[str, str] = ("", "")  # (request id, worker key) of _prefix
+        self._prefix = b""
+        self._retry_pending = True
+        self._running = True  # the body has not returned yet
+        self._committed = False  # the response's start went out
+        self._complete = False  # its last byte went out
+        self._busy = False  # the body is inside `send`
+        self._watcher_write: asyncio.Future[None] | None = None
+        self._gone = False  # the client left: the watcher cancelled the body
+        self._last_ns = 0  # perf_counter_ns of the last write
+        self._last_event_ns = 0  # ... of the last token event
+        self._t0_ns = time.perf_counter_ns()
+        self._record: RequestRecord | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        job, metrics = self.job, self.job.metrics
+        rec = self._record = record_of(scope)
+        rec.request_id, rec.trace_id = job.request_id, job.trace_id
+        metrics.streams_in_flight += 1
+        if job.resumed:
+            metrics.resumes[job.resumed] += 1
+        task = asyncio.current_task()
+        assert task is not None
+        watcher = asyncio.create_task(self._watch(receive, send, task))
+        try:
+            await self._run(send)
+        except asyncio.CancelledError:
+            if not self._gone:
+                raise
+            task.uncancel()  # our own cancel (the client left), not the server's
+            metrics.client_disconnects[rec.route] += 1
+        finally:
+            self._running = False
+            watcher.cancel()
+            self.call.cancel()  # a no-op once the RPC ended; else the worker aborts now
+            await asyncio.gather(watcher, return_exceptions=True)
+            metrics.streams_in_flight -= 1
+
+    # -- the body ---------------------------------------------------------------------
+
+    async def _run(self, send: Send) -> None:
+        try:
+            if self.job.stream:
+                await self._stream(send)
+            else:
+                await self._whole(send)
+        except ApiError as err:
+            self.job.metrics.upstream_errors[err.code or "unknown"] += 1
+            await self._fail(send, err)
+        except Exception:
+            log.exception("generation %s failed in the edge", self.job.request_id)
+            await self._fail(send, internal_error())
+
+    async def _stream(self, send: Send) -> None:
+        call = self.call
+        first: pb.GenerateResponse | None = None
+        if not await call.admitted():
+            first = await call.read()  # raises the refusal; or a generation over already
+        await self._commit(send)
+        while True:
+            msg = first or await call.read()
+            first = None
+            rx_ns = time.perf_counter_ns()
+            if msg.WhichOneof("kind") == "chunk":
+                await self._token_event(send, msg, rx_ns)
+                continue
+            await self._ending(send, msg.final, msg.index)
+            await call.settle(STATUS_SETTLE_S)  # let the RPC's OK land before `cancel`
+            return
+
+    async def _token_event(self, send: Send, msg: pb.GenerateResponse, rx_ns: int) -> None:
+        job, chunk = self.job, msg.chunk
+        self._cursor = msg.index + 1
+        lps = self.fmt.logprobs(chunk) if job.logprobs else None
+        if not chunk.text and lps is None:
+            return
+        data = self.fmt.delta(chunk.text, lps)
+        if job.stamps:  # only with Job.stamps: the chunk's JSON gets one more field
+            data = data[:-1] + b',"sluice_worker_time_ns":%d}' % msg.worker_time_ns
+        n = len(chunk.token_ids)
+        metrics = job.metrics
+        if n > 1:
+            metrics.merged_chunks += n
+        await self._write(send, self._event(data, msg.index + 1))
+        now = self._last_ns
+        metrics.event_written(rx_ns, now, self._last_event_ns)
+        if not self._last_event_ns and not job.resumed and self._record is not None:
+            metrics.ttft[self._record.route].observe((now - self._t0_ns) * 1e-9)
+        self._last_event_ns = now
+
+    async def _ending(self, send: Send, final: pb.Final, index: int) -> None:
+        """The last events: finish [+ usage] + [DONE] (or, for a failed final, the error).
+
+        Their ids point at the final message itself with a part number, so a client cut
+        off among them resumes by replaying the final and gets only the parts it lacks.
+        """
+        self._cursor = index + 1
+        error = final_error(final)
+        if error is not None:
+            raise error
+        self._note_final(final)
+        done = self.job.resume.part if self.job.resume else 0
+        out = []
+        if done < PART_FINISH:
+            finish = self.fmt.finish(FINISH_REASONS[final.reason])
+            out.append(self._event(finish, index, part=PART_FINISH))
+        if self.fmt.include_usage and done < PART_USAGE:
+            out.append(self._event(self.fmt.usage(final.usage), index, part=PART_USAGE))
+        out.append(self._event(DONE, index, part=PART_DONE))
+        await self._write(send, b"".join(out), more=False)
+
+    async def _whole(self, send: Send) -> None:
+        call = self.call
+        texts: list[str] = []
+        logprobs: list[dict[str, Any]] | None = [] if self.job.logprobs else None
+        await call.admitted()  # a refusal is raised by the read
+        while True:
+            msg = await call.read()
+            if msg.WhichOneof("kind") == "chunk":
+                texts.append(msg.chunk.text)
+                if logprobs is not None:
+                    logprobs.extend(self.fmt.logprobs(msg.chunk))
+                continue
+            final = msg.final
+            error = final_error(final)
+            if error is not None:
+                raise error
+            self._note_final(final)
+            reason = FINISH_REASONS[final.reason]
+            body = self.fmt.response("".join(texts), reason, final.usage, logprobs)
+            await self._send_json(send, 200, orjson.dumps(body))
+            await call.settle(STATUS_SETTLE_S)
+            return
+
+    def _note_final(self, final: pb.Final) -> None:
+        rec = self._record
+        if rec is not None:
+            rec.prompt_tokens = final.usage.prompt_tokens
+            rec.completion_tokens = final.usage.completion_tokens
+            rec.finish = pb.FinishReason.Name(final.reason)
+
+    async def _fail(self, send: Send, err: ApiError) -> None:
+        """An error as an HTTP status before the 200, as the final event after it."""
+        if not self._committed:
+            await self._send_json(send, err.status, err.json(), err.headers())
+        elif not self._complete:
+            await self._write(
+                send, self._event(err.event_json(), self._cursor, ERROR_EVENT), more=False
+            )
+
+    # -- the watcher ------------------------------------------------------------------
+
+    async def _watch(self, receive: Receive, send: Send, body: asyncio.Task[Any]) -> None:
+        loop = asyncio.get_running_loop()
+        cfg = self.job.config
+        deadline = loop.time() + cfg.commit_wait_s() if self.job.stream else None
+        while True:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message: Message = await receive()
+            except TimeoutError:
+                deadline = loop.time() + await self._idle(send, cfg.heartbeat_s)
+                continue
+            # uvicorn also reports a disconnect once the response is complete; only an
+            # earlier one is the client leaving.
+            if message["type"] == "http.disconnect":
+                if self._running and not self._complete:
+                    self._gone = True
+                    body.cancel()
+                return
+
+    async def _idle(self, send: Send, heartbeat_s: float) -> float:
+        """The deadline passed: commit, or send a heartbeat if nothing went out for
+        `heartbeat_s`. Returns the seconds until the next deadline."""
+        if not self._running or self._complete or self._busy:
+            return heartbeat_s
+        idle_s = (time.perf_counter_ns() - self._last_ns) * 1e-9
+        if self._committed and idle_s < heartbeat_s:
+            return heartbeat_s - idle_s
+        # The body waits for this write (`_write`) before it writes itself.
+        fut = self._watcher_write = asyncio.get_running_loop().create_future()
+        try:
+            if not self._committed:
+                await self._commit(send, watcher=True)
+            else:
+                self.job.metrics.heartbeats += 1
+                await self._write(send, HEARTBEAT, watcher=True)
+        finally:
+            self._watcher_write = None
+            if not fut.done():
+                fut.set_result(None)
+        return heartbeat_s
+
+    # -- writing ----------------------------------------------------------------------
+
+    async def _commit(self, send: Send, *, watcher: bool = False) -> None:
+        """The 200, the SSE headers and the opening event (once, by whoever comes first)."""
+        if self._committed:
+            if self._watcher_write is not None and not watcher:
+                await self._watcher_write  # the watcher is committing: its opening first
+            return
+        self._committed = True
+        self._busy = True
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": self._headers(SSE_HEADERS),
+                }
+            )
+        finally:
+            self._busy = False
+        opening = self.fmt.opening() if self.job.resume is None else None
+        if opening is not None:
+            await self._write(send, self._event(opening, 0), watcher=watcher)
+
+    def _event(self, data: bytes, cursor: int, event: bytes | None = None, part: int = 0) -> bytes:
+        call = self.call
+        origin = (call.request_id, call.worker.key)
+        if origin != self._origin:  # a new stream, or a continuation on another worker
+            self._origin = origin
+            self._prefix = self.job.codec.prefix(*origin)
+        eid = self._prefix + b"%d.%d" % (self._seq, cursor)
+        if part:
+            eid += b"~%d" % part
+        self._seq += 1
+        framed = sse.encode_data(data, id=eid, event=event)
+        if self._retry_pending:
+            self._retry_pending = False
+            return b"retry: %d\n" % self.job.config.retry_ms + framed
+        return framed
+
+    async def _write(
+        self, send: Send, data: bytes, *, more: bool = True, watcher: bool = False
+    ) -> None:
+        if self._watcher_write is not None and not watcher:
+            await self._watcher_write
+        if not more:
+            self._complete = True
+        self._busy = True
+        try:
+            await send({"type": "http.response.body", "body": data, "more_body": more})
+        finally:
+            self._busy = False
+        self._last_ns = time.perf_counter_ns()
+
+    def _headers(self, base: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+        headers = [*base, (b"x-request-id", self.job.trace_id.encode())]
+        if self.job.name_worker:
+            headers.append((WORKER_HEADER, self.call.worker.key.encode()))
+        return headers
+
+    async def _send_json(
+        self, send: Send, status: int, body: bytes, extra: dict[str, str] | None = None
+    ) -> None:
+        headers = self._headers(
+            [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        )
+        headers.extend((k.encode(), v.encode()) for k, v in (extra or {}).items())
+        self._committed = True
+        self._busy = True
+        try:
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+        finally:
+            self._busy = False
+        await self._write(send, body, more=False)
+
+
+def final_error(final: pb.Final) -> ApiError | None:
+    """A `final` that is not a success (CANCELLED, ERROR) as the error to report."""
+    if final.reason in FINISH_REASONS:
+        return None
+    if final.HasField("error") and final.error.code:
+        e = final.error
+        code = from_status_code_number(e.code)
+        return from_status(code, e.message, field=e.field, retry_after_ms=e.retry_after_ms)
+    if final.reason == pb.FINISH_REASON_CANCELLED:
+        return from_status(grpc.StatusCode.CANCELLED, "the generation was cancelled")
+    return from_status(grpc.StatusCode.UNKNOWN, "the generation failed")

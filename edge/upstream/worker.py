@@ -1,0 +1,238 @@
+"""A model worker as the edge sees it: one shared gRPC channel, its health, its place in
+a pool, and what routing needs to know about it.
+
+A `Worker` owns one `grpc.aio` channel shared by every request to it (never a channel per
+request) and a health watcher (grpc.health.v1 `Watch`) that keeps its status current.
+It is *routable* when its Watch says SERVING, it is not draining, it has not been
+removed from its pool, and passive failure marking has not taken it out: `max_fails`
+failures (unreachable, broken stream) within `fail_timeout_s` keep it out for
+`fail_timeout_s`, as nginx's `max_fails`/`fail_timeout` do. A Watch that reports SERVING
+again after any other status (the worker restarted) clears the passive marks.
+
+A killed worker process closes its connection, which fails the Watch stream (the same
+HTTP/2 connection as the generations) at once: the worker is out of rotation within
+milliseconds. A silently dead host is found by gRPC keepalive (`--keepalive`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import logging
+import time
+from collections import deque
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from edge.config import RoutingConfig
+from edge.errors import from_rpc_error
+from edge.upstream.channel import ChannelFactory
+from generated import sluice_pb2 as pb
+from generated import sluice_pb2_grpc as pb_grpc
+
+log = logging.getLogger("sluice.edge")
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Generation"].full_name
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+UNKNOWN = health_pb2.HealthCheckResponse.UNKNOWN
+UNREACHABLE = -1  # ours: the watch stream itself failed
+WATCH_BACKOFF_S = (0.05, 2.0)  # first and longest wait between Watch attempts
+LIST_MODELS_TIMEOUT_S = 5.0
+
+
+def worker_key(address: str) -> str:
+    """A short, stable, opaque name for a worker address (in event ids and headers, so
+    internal addresses never reach clients)."""
+    digest = hashlib.sha256(address.encode()).digest()[:6]
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+class PassiveHealth:
+    """Failure marking from real requests (see module docstring). Pure, clock passed in."""
+
+    def __init__(self, max_fails: int, fail_timeout_s: float) -> None:
+        self.max_fails = max_fails
+        self.fail_timeout_s = fail_timeout_s
+        self.down_until = 0.0
+        self._fails: deque[float] = deque()
+
+    def failure(self, now: float) -> bool:
+        """Count one failure; True when it takes the worker out now."""
+        if self.max_fails <= 0:
+            return False
+        self._fails.append(now)
+        while self._fails and self._fails[0] <= now - self.fail_timeout_s:
+            self._fails.popleft()
+        if len(self._fails) >= self.max_fails:
+            self._fails.clear()
+            self.down_until = now + self.fail_timeout_s
+            return True
+        return False
+
+    def available(self, now: float) -> bool:
+        return now >= self.down_until
+
+    def recent(self, now: float) -> int:
+        return sum(1 for t in self._fails if t > now - self.fail_timeout_s)
+
+    def reset(self) -> None:
+        self._fails.clear()
+        self.down_until = 0.0
+
+
+class Worker:
+    """One model worker in a pool: channel, stub, health, routing state (module docstring)."""
+
+    def __init__(
+        self, address: str, pool: str, channels: ChannelFactory, opts: RoutingConfig
+    ) -> None:
+        self.address = address
+        self.key = worker_key(address)
+        self.pool = pool
+        self.in_flight = 0  # this edge's calls on the worker now
+        self.channel = channels.open(address)
+        self.stub = pb_grpc.GenerationStub(self.channel)
+        self._health = health_pb2_grpc.HealthStub(self.channel)
+        self.status: int = UNKNOWN
+        self.models: list[pb.ModelInfo] = []
+        self.removed = False  # out of its pool; kept open only while calls finish
+        self.closed = False  # its channel is closed: no call can start on it
+        self.passive = PassiveHealth(opts.max_fails, opts.fail_timeout_s)
+        self.reported_load = 0  # running + waiting, from GetStats (other edges' load too)
+        self.reported_draining = False
+        self._stats_interval = opts.stats_interval_s
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- state ------------------------------------------------------------------------
+
+    @property
+    def serving(self) -> bool:
+        return self.status == SERVING and not self.reported_draining
+
+    def routable(self, now: float | None = None) -> bool:
+        """May get a new generation now."""
+        t = time.monotonic() if now is None else now
+        return self.serving and not self.removed and self.passive.available(t)
+
+    @property
+    def load(self) -> int:
+        return max(self.in_flight, self.reported_load)
+
+    def model_id(self) -> str:
+        """The worker's model name, once known (the contract serves one model per worker)."""
+        return self.models[0].id if self.models else ""
+
+    def version(self) -> str:
+        """The version label the worker itself reports (ListModels), "" until known."""
+        return self.models[0].version if self.models else ""
+
+    def failed(self) -> None:
+        """A request on this worker failed the way a dead or broken worker fails."""
+        if self.passive.failure(time.monotonic()):
+            log.warning(
+                "worker %s out of rotation for %.1fs after %d failure(s)",
+                self.address,
+                self.passive.fail_timeout_s,
+                self.passive.max_fails,
+            )
+
+    def _set_status(self, status: int) -> None:
+        if status == self.status:
+            return
+        log.info("worker %s: %s", self.address, status_name(status))
+        if status == SERVING:
+            self.passive.reset()  # a fresh start (or a recovered one) gets a clean slate
+            self.reported_draining = False
+        else:
+            self.models = []  # reloaded when it serves again: it may be a new version
+        self.status = status
+
+    # -- life -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._tasks.append(asyncio.create_task(self._watch(), name=f"health {self.address}"))
+        if self._stats_interval > 0:
+            self._tasks.append(
+                asyncio.create_task(self._poll_stats(), name=f"stats {self.address}")
+            )
+
+    async def close(self) -> None:
+        self.closed = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.channel.close(grace=None)
+
+    async def _watch(self) -> None:
+        """Follow the worker's health forever; reconnect with backoff when the stream breaks."""
+        backoff = WATCH_BACKOFF_S[0]
+        request = health_pb2.HealthCheckRequest(service=SERVICE_NAME)
+        while True:
+            try:
+                async for resp in self._health.Watch(request):
+                    backoff = WATCH_BACKOFF_S[0]
+                    if resp.status == SERVING and not self.models:
+                        await self._load_models()
+                    self._set_status(resp.status)
+                self._set_status(UNREACHABLE)  # the worker ended the watch (shutting down)
+            except grpc.aio.AioRpcError as err:
+                self._set_status(UNREACHABLE)
+                log.debug("health watch of %s failed: %s", self.address, err.code().name)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, WATCH_BACKOFF_S[1])
+
+    async def _load_models(self) -> None:
+        try:
+            resp = await self.stub.ListModels(pb.ListModelsRequest(), timeout=LIST_MODELS_TIMEOUT_S)
+        except grpc.aio.AioRpcError as err:
+            log.warning("ListModels on %s failed: %s", self.address, err.code().name)
+            return
+        self.models = list(resp.models)
+
+    async def list_models(self) -> list[pb.ModelInfo]:
+        """Ask the worker now (also refreshes the cache). Raises ApiError."""
+        try:
+            resp = await self.stub.ListModels(pb.ListModelsRequest(), timeout=LIST_MODELS_TIMEOUT_S)
+        except grpc.aio.AioRpcError as err:
+            raise from_rpc_error(err) from None
+        self.models = list(resp.models)
+        return self.models
+
+    async def _poll_stats(self) -> None:
+        while True:
+            await asyncio.sleep(self._stats_interval)
+            if self.status != SERVING:
+                continue
+            try:
+                stats = await self.stub.GetStats(
+                    pb.GetStatsRequest(), timeout=max(self._stats_interval, 1.0)
+                )
+            except grpc.aio.AioRpcError:
+                continue
+            self.reported_load = stats.running + stats.waiting
+            self.reported_draining = stats.draining
+
+    def describe(self, now: float | None = None) -> dict[str, object]:
+        """For the admin API."""
+        t = time.monotonic() if now is None else now
+        return {
+            "id": self.key,
+            "address": self.address,
+            "status": status_name(self.status),
+            "routable": self.routable(t),
+            "in_flight": self.in_flight,
+            "reported_load": self.reported_load,
+            "recent_failures": self.passive.recent(t),
+            "out_for_s": round(max(0.0, self.passive.down_until - t), 3),
+            "model": self.model_id(),
+            "version": self.version(),
+        }
+
+
+def status_name(status: int) -> str:
+    if status == UNREACHABLE:
+        return "UNREACHABLE"
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(status)  # type: ignore[arg-type]
