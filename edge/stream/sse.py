@@ -79,7 +79,9 @@ def encode_data(data: bytes, *, id: bytes, event: bytes | None = None) -> bytes:
 def encode_comment(text: str = "") -> bytes:
     """A comment (heartbeat): ignored by clients, keeps proxies and idle timers alive.
 
-    A comment cannot dispatch an event: it is written only between events, when the
-    client's data buffer is empty, and every line of it starts with `:`.
+    Comment lines only, with no blank line after them: a blank line is an event's end,
+    and decoders that keep the last `id:` across events (the `openai` SDK's) dispatch an
+    event with empty data on it, which the SDK then fails to parse as JSON. Written only
+    between events, so the next event's fields simply follow the comment lines.
     """
-    return "".join(f": {line}\n" for line in _lines(text)).encode("utf-8", "replace") + b"\n"
+    return "".join(f": {line}\n" for line in _lines(text)).encode("utf-8", "replace")

@@ -203,7 +203,12 @@ def read_sse(resp: httpx.Response) -> list[tuple[float, bytes]]:
         pending += chunk
         while b"\n\n" in pending:
             event, pending = pending.split(b"\n\n", 1)
-            events.append((now, event))
+            # Heartbeats are comment lines without a blank line: one entry each.
+            while event.startswith(b":"):
+                comment, _, event = event.partition(b"\n")
+                events.append((now, comment))
+            if event:
+                events.append((now, event))
     return events
 
 
