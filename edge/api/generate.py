@@ -11,8 +11,9 @@ path (`edge.obs.record`) for every event.
 from __future__ import annotations
 
 import math
+import re
+import secrets
 import time
-import uuid
 from dataclasses import dataclass
 
 from starlette.requests import Request
@@ -24,7 +25,8 @@ from edge.api.schema import GenRequest, Kind, check_prompt, parse
 from edge.api.state import EdgeState
 from edge.errors import ApiError
 from edge.obs.logs import TRACE_RE
-from edge.stream.ids import PART_DONE, ResumePoint, bad_event_id
+from edge.obs.record import record_of
+from edge.stream.ids import PART_DONE, Origin, ResumePoint, bad_event_id, not_yours
 from edge.stream.response import GenerationResponse, Job
 from edge.upstream.calls import ResumeCall
 from edge.upstream.failover import FailoverCall
@@ -37,6 +39,20 @@ TIMEOUT_HEADER = "x-request-timeout"  # seconds: the client's own deadline for t
 # What the official OpenAI SDK sends: its per-read timeout. For a non-streaming request
 # nothing is read until the end, so it bounds the whole generation; a stream reads often.
 OPENAI_READ_TIMEOUT_HEADER = "x-stainless-read-timeout"
+_STAMPED_ID = re.compile(r"[0-9a-f]{32}")
+
+
+def new_request_id() -> str:
+    """32 hex digits: the creation time (Unix seconds, 8 digits), then 24 random ones. The
+    time lets a resumed stream repeat the original chunks' `created` exactly, on any
+    replica, without carrying it in event ids."""
+    return f"{int(time.time()) & 0xFFFFFFFF:08x}{secrets.token_hex(12)}"
+
+
+def created_at(request_id: str) -> int:
+    """The `created` of a generation: from its id when the edge made it, else now."""
+    head = request_id[:32]
+    return int(head[:8], 16) if _STAMPED_ID.fullmatch(head) else int(time.time())
 
 
 @dataclass(slots=True)
@@ -47,6 +63,8 @@ class Prepared:
     key: str  # the session key (affinity), "" for none
     request_id: str
     trace_id: str
+    owner: bytes  # tag of the caller (API key name) bound into event ids and links
+    body: bytes  # tag of the request itself (a resume must send the same one)
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -91,8 +109,11 @@ async def _prepare(state: EdgeState, request: Request, kind: Kind) -> Prepared:
     req = parse(kind, await read_body(request, cfg.server.max_body_bytes))
     check_prompt(req, cfg.security.max_prompt_chars)
     key = session_key(request.headers, request.cookies, req.user)  # affinity, see routing
-    request_id = uuid.uuid4().hex
-    return Prepared(req, key, request_id, trace_id(request, request_id))
+    request_id = new_request_id()
+    owner = state.codec.tag(record_of(request.scope).caller or "")
+    canonical = req.to_start("").SerializeToString(deterministic=True)
+    body = state.codec.tag(kind.encode() + b"|" + canonical)
+    return Prepared(req, key, request_id, trace_id(request, request_id), owner, body)
 
 
 def _failover(
@@ -112,12 +133,22 @@ async def generate(state: EdgeState, request: Request, kind: Kind) -> Response |
     last_event_id = request.headers.get(LAST_EVENT_ID)
     if p.req.stream and last_event_id:  # a retried stream: continue it, don't start anew
         point = state.codec.parse(last_event_id)
+        if point.origin.owner != p.owner:
+            raise not_yours()
+        if point.origin.body != p.body:
+            raise ApiError(
+                400,
+                "Last-Event-ID belongs to a generation started with another request body: "
+                "resend the original request to resume it",
+                param="Last-Event-ID",
+                code="resume_body_mismatch",
+            )
         return _resume(state, request, kind, point, p.req.include_usage)
     stamps = cfg.allow_stamps and request.headers.get(STAMP_HEADER) == "1"
     timeout = timeout_s(request, p.req.stream, cfg.request_timeout_s)
     call = _failover(state, p, cfg.detach_grace_s, timeout, stamps)
     model = p.req.model or call.worker.model_id()
-    fmt = make_format(kind, p.request_id, model, int(time.time()), p.req.include_usage)
+    fmt = make_format(kind, p.request_id, model, created_at(p.request_id), p.req.include_usage)
     job = Job(
         request_id=p.request_id,
         trace_id=p.trace_id,
@@ -130,6 +161,8 @@ async def generate(state: EdgeState, request: Request, kind: Kind) -> Response |
         codec=state.codec,
         stamps=stamps,
         name_worker=True,
+        owner=p.owner,
+        body=p.body,
     )
     return GenerationResponse(job)
 
@@ -160,7 +193,8 @@ def _resume(
         trace,
         on_end=lambda: registry.released(worker),
     )
-    fmt = make_format(kind, point.request_id, worker.model_id(), int(time.time()), include_usage)
+    created = created_at(point.request_id)
+    fmt = make_format(kind, point.request_id, worker.model_id(), created, include_usage)
     job = Job(
         request_id=point.request_id,
         trace_id=trace,
@@ -173,6 +207,8 @@ def _resume(
         codec=state.codec,
         resume=None if from_start else point,
         resumed="stream_link" if from_start else "last_event_id",
+        owner=point.origin.owner,
+        body=point.origin.body,
     )
     return GenerationResponse(job)
 
@@ -192,7 +228,8 @@ async def create_stream(state: EdgeState, request: Request) -> Response:
             await call.read()  # raises the refusal as an ApiError (400, 429, ...)
     finally:
         call.cancel()  # the worker keeps generating for the stream grace
-    token, expires = state.codec.stream_token(call.request_id, call.worker.key, cfg.stream_ttl_s)
+    origin = Origin(call.request_id, call.worker.key, p.owner, p.body)
+    token, expires = state.codec.stream_token(origin, cfg.stream_ttl_s)
     body = {
         "id": p.request_id,
         "object": "chat.completion.stream",
@@ -207,13 +244,17 @@ async def read_stream(
     state: EdgeState, request: Request, token: str
 ) -> Response | GenerationResponse:
     """GET /v1/streams/{token}: the generation as SSE, from the start or from the
-    Last-Event-ID header (EventSource's reconnects) or `last_event_id` query parameter."""
-    request_id, worker = state.codec.open_stream(token)
+    Last-Event-ID header (EventSource's reconnects) or `last_event_id` query parameter.
+
+    The link is a capability (EventSource cannot send a key): whoever holds it may read
+    the stream. Its event ids carry the creator's tag, so on the OpenAI endpoints they
+    resume for the creator's key only."""
+    origin = state.codec.open_stream(token)
     last = request.headers.get(LAST_EVENT_ID) or request.query_params.get("last_event_id")
     if last:
         point = state.codec.parse(last)
-        if point.request_id != request_id or point.worker != worker:
+        if point.origin != origin:
             raise bad_event_id("it belongs to another stream")
         return _resume(state, request, "chat", point, include_usage=True)
-    start = ResumePoint(request_id, worker, seq=-1, cursor=0)
+    start = ResumePoint(origin, seq=-1, cursor=0)
     return _resume(state, request, "chat", start, include_usage=True, from_start=True)

@@ -1,24 +1,30 @@
-"""Stateless resume: signed SSE event ids and stream capabilities.
+"""Stateless resume: signed SSE event ids and stream capabilities, bound to their owner.
 
 An event id names the generation (request id), the worker holding its replay log (its
 key: a short hash of the worker's address, `edge.upstream.worker.worker_key`, so
-addresses never reach clients), an HMAC over both, and
-the position: the edge's event counter and the upstream index to resume from. Any edge
-replica with the same secret can check an id and resume from it; a forged or altered id
-is refused with 400, never mapped to another stream.
+addresses never reach clients), a tag of the principal that started it (the API key's
+name) and a tag of its request, all under one HMAC, plus the position: the edge's event
+counter and the upstream index to resume from. Any edge replica with the same secret can
+check an id and resume from it; a forged or altered id is refused with 400, never mapped
+to another stream; another principal's id is refused with 403, and a resume whose
+request body is not the one that started the generation with 400.
 
-    <b64url(request_id)>.<worker key>.<sig>.<seq>.<cursor>[~<part>]
+    <stream token>.<seq>.<cursor>[~<part>]
+    stream token = b64url(form | mac[9] | worker[6] | owner[3] | body[3] | request id)
 
-`part` marks the events after the last token (1 finish, 2 usage, 3 [DONE]): resuming at
-one of them replays the final message and sends only the later parts.
+The request id is stored as raw bytes when it is lowercase hex (the edge's own ids), so a
+token is 51 characters. `part` marks the events after the last token (1 finish, 2 usage,
+3 [DONE], 4 an error): resuming at one of them replays the final message and sends only
+the later parts.
 
 A stream capability (`/v1/streams/<token>`, for EventSource, which cannot send an
-Authorization header) is the same triple plus an expiry, signed for that purpose.
+Authorization header) is the same token plus an expiry, signed for that purpose.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import hmac
 import re
@@ -27,9 +33,12 @@ from dataclasses import dataclass
 
 from edge.errors import ApiError
 
-SIG_BYTES = 12
+MAC_BYTES, WORKER_BYTES, TAG_BYTES = 9, 6, 3
+_HEAD = MAC_BYTES + WORKER_BYTES + 2 * TAG_BYTES
+_FORM_TEXT, _FORM_HEX = 0, 1
+_HEX = re.compile(r"(?:[0-9a-f]{2})+")
 _POSITION = re.compile(r"[0-9]{1,18}")
-PART_FINISH, PART_USAGE, PART_DONE = 1, 2, 3
+PART_FINISH, PART_USAGE, PART_DONE, PART_ERROR = 1, 2, 3, 4
 
 
 def _b64(raw: bytes) -> str:
@@ -37,23 +46,52 @@ def _b64(raw: bytes) -> str:
 
 
 def _unb64(text: str) -> bytes:
+    if not text.isascii():
+        raise ValueError("not base64")
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Whose generation a token names, and where it lives."""
+
+    request_id: str
+    worker: str  # worker key
+    owner: bytes = b""  # `ResumeCodec.tag` of the principal that started it
+    body: bytes = b""  # `ResumeCodec.tag` of the request that started it
 
 
 @dataclass(frozen=True, slots=True)
 class ResumePoint:
     """Where a client's last received event left off."""
 
-    request_id: str
-    worker: str  # worker key
+    origin: Origin
     seq: int  # the edge's event counter of that event
     cursor: int  # upstream index to resume from
     part: int = 0  # 0 for token events, else PART_*
+
+    @property
+    def request_id(self) -> str:
+        return self.origin.request_id
+
+    @property
+    def worker(self) -> str:
+        return self.origin.worker
 
 
 def bad_event_id(why: str) -> ApiError:
     return ApiError(
         400, f"invalid Last-Event-ID: {why}", param="Last-Event-ID", code="invalid_last_event_id"
+    )
+
+
+def not_yours() -> ApiError:
+    return ApiError(
+        403,
+        "this stream belongs to another API key",
+        type="permission_error",
+        param="Last-Event-ID",
+        code="stream_not_yours",
     )
 
 
@@ -65,65 +103,87 @@ class ResumeCodec:
             raise ValueError("the resume secret must be at least 16 bytes")
         self._secret = secret
 
-    def _sig(self, purpose: bytes, *parts: str) -> str:
-        mac = hmac.new(self._secret, purpose + b"|" + "|".join(parts).encode(), hashlib.sha256)
-        return _b64(mac.digest()[:SIG_BYTES])
+    def _mac(self, purpose: bytes, body: bytes, n: int = MAC_BYTES) -> bytes:
+        return hmac.new(self._secret, purpose + b"|" + body, hashlib.sha256).digest()[:n]
+
+    def tag(self, text: str | bytes) -> bytes:
+        """A short keyed digest (of a principal's name, or a request's canonical bytes)."""
+        raw = text.encode() if isinstance(text, str) else text
+        return self._mac(b"tag", raw, TAG_BYTES)
+
+    def _token(self, purpose: bytes, origin: Origin, extra: bytes = b"") -> str:
+        rid = origin.request_id
+        if _HEX.fullmatch(rid):
+            form, rid_bytes = _FORM_HEX, bytes.fromhex(rid)
+        else:
+            form, rid_bytes = _FORM_TEXT, rid.encode()
+        worker = _unb64(origin.worker)
+        if len(worker) != WORKER_BYTES or len(origin.owner) != TAG_BYTES:
+            raise ValueError("worker key or owner tag of the wrong size")
+        signed = worker + origin.owner + origin.body + rid_bytes
+        mac = self._mac(purpose, bytes((form,)) + signed + extra)
+        return _b64(bytes((form,)) + mac + signed)
+
+    def _open(self, purpose: bytes, token: str, extra: bytes = b"") -> Origin | None:
+        """The origin a token names if its MAC checks out, else None."""
+        try:
+            raw = _unb64(token)
+        except (ValueError, binascii.Error):
+            return None
+        if len(raw) < 1 + _HEAD or raw[0] not in (_FORM_TEXT, _FORM_HEX):
+            return None
+        form, mac, signed = raw[0], raw[1 : 1 + MAC_BYTES], raw[1 + MAC_BYTES :]
+        if not hmac.compare_digest(mac, self._mac(purpose, bytes((form,)) + signed + extra)):
+            return None
+        w, o = WORKER_BYTES, WORKER_BYTES + TAG_BYTES
+        rid_bytes = signed[o + TAG_BYTES :]
+        try:
+            rid = rid_bytes.hex() if form == _FORM_HEX else rid_bytes.decode()
+        except UnicodeDecodeError:
+            return None
+        return Origin(rid, _b64(signed[:w]), signed[w:o], signed[o : o + TAG_BYTES])
 
     # -- event ids ----------------------------------------------------------------------
 
-    def prefix(self, request_id: str, worker: str) -> bytes:
+    def prefix(self, origin: Origin) -> bytes:
         """The constant head of a stream's event ids (computed once per stream)."""
-        rid = _b64(request_id.encode())
-        return f"{rid}.{worker}.{self._sig(b'event', request_id, worker)}.".encode()
+        return (self._token(b"event", origin) + ".").encode()
 
-    def parse(self, token: str) -> ResumePoint:
+    def parse(self, last_event_id: str) -> ResumePoint:
         """Check and decode a Last-Event-ID; ApiError 400 if it is not one of ours."""
-        fields = token.strip().split(".")
-        if len(fields) != 5:
+        fields = last_event_id.strip().split(".")
+        if len(fields) != 3:
             raise bad_event_id("not an event id of this service")
-        rid_b64, worker, sig, seq, cursor = fields
+        token, seq, cursor = fields
         part = 0
         if "~" in cursor:
             cursor, _, part_s = cursor.partition("~")
-            if part_s not in ("1", "2", "3"):
+            if part_s not in ("1", "2", "3", "4"):
                 raise bad_event_id("malformed position")
             part = int(part_s)
         if not (_POSITION.fullmatch(seq) and _POSITION.fullmatch(cursor)):
             raise bad_event_id("malformed position")
-        if not sig.isascii():
+        origin = self._open(b"event", token)
+        if origin is None:
             raise bad_event_id("signature mismatch")
-        try:
-            request_id = _unb64(rid_b64).decode()
-        except (ValueError, UnicodeDecodeError):
-            raise bad_event_id("malformed stream name") from None
-        if not hmac.compare_digest(sig, self._sig(b"event", request_id, worker)):
-            raise bad_event_id("signature mismatch")
-        return ResumePoint(request_id, worker, int(seq), int(cursor), part)
+        return ResumePoint(origin, int(seq), int(cursor), part)
 
     # -- stream capabilities ------------------------------------------------------------
 
-    def stream_token(self, request_id: str, worker: str, ttl_s: float) -> tuple[str, int]:
+    def stream_token(self, origin: Origin, ttl_s: float) -> tuple[str, int]:
         """An unguessable, expiring capability to read one generation; (token, expiry)."""
         expires = int(time.time() + ttl_s)
-        rid = _b64(request_id.encode())
-        sig = self._sig(b"stream", request_id, worker, str(expires))
-        return f"{rid}.{worker}.{expires}.{sig}", expires
+        return f"{self._token(b'stream', origin, str(expires).encode())}.{expires}", expires
 
-    def open_stream(self, token: str) -> tuple[str, str]:
-        """(request id, worker key) of a valid capability; 404 forged, 410 expired."""
-        fields = token.split(".")
+    def open_stream(self, capability: str) -> Origin:
+        """The origin of a valid capability; 404 forged, 410 expired."""
         unknown = ApiError(404, "no such stream", code="stream_not_found")
-        if len(fields) != 4 or not fields[2].isdigit():
+        token, _, expires = capability.partition(".")
+        if not (expires.isascii() and expires.isdigit() and len(expires) < 19):
             raise unknown
-        rid_b64, worker, expires, sig = fields
-        if not (sig.isascii() and expires.isascii()):
-            raise unknown
-        try:
-            request_id = _unb64(rid_b64).decode()
-        except (ValueError, UnicodeDecodeError):
-            raise unknown from None
-        if not hmac.compare_digest(sig, self._sig(b"stream", request_id, worker, expires)):
+        origin = self._open(b"stream", token, expires.encode())
+        if origin is None:
             raise unknown
         if int(expires) < time.time():
             raise ApiError(410, "this stream link has expired", code="stream_expired")
-        return request_id, worker
+        return origin

@@ -39,7 +39,15 @@ from edge.errors import ApiError, from_status, from_status_code_number, internal
 from edge.obs.metrics import Metrics
 from edge.obs.record import RequestRecord, record_of
 from edge.stream import sse
-from edge.stream.ids import PART_DONE, PART_FINISH, PART_USAGE, ResumeCodec, ResumePoint
+from edge.stream.ids import (
+    PART_DONE,
+    PART_ERROR,
+    PART_FINISH,
+    PART_USAGE,
+    Origin,
+    ResumeCodec,
+    ResumePoint,
+)
 from edge.upstream.calls import UpstreamCall
 from generated import sluice_pb2 as pb
 
@@ -92,6 +100,8 @@ class Job:
     resumed: str = ""
     stamps: bool = False  # put the worker's `worker_time_ns` into chunks (benchmarks)
     name_worker: bool = False  # send `x-sluice-worker: <key>` (routed generations)
+    owner: bytes = b""  # `ResumeCodec.tag`s bound into every event id: the principal...
+    body: bytes = b""  # ... and the request that started the generation
 
 
 class GenerationResponse:
@@ -249,9 +259,8 @@ class GenerationResponse:
         if not self._committed:
             await self._send_json(send, err.status, err.json(), err.headers())
         elif not self._complete:
-            await self._write(
-                send, self._event(err.event_json(), self._cursor, ERROR_EVENT), more=False
-            )
+            event = self._event(err.event_json(), self._cursor, ERROR_EVENT, PART_ERROR)
+            await self._write(send, event, more=False)
 
     # -- the watcher ------------------------------------------------------------------
 
@@ -321,11 +330,11 @@ class GenerationResponse:
             await self._write(send, self._event(opening, 0), watcher=watcher)
 
     def _event(self, data: bytes, cursor: int, event: bytes | None = None, part: int = 0) -> bytes:
-        call = self.call
+        call, job = self.call, self.job
         origin = (call.request_id, call.worker.key)
         if origin != self._origin:  # a new stream, or a continuation on another worker
             self._origin = origin
-            self._prefix = self.job.codec.prefix(*origin)
+            self._prefix = job.codec.prefix(Origin(*origin, job.owner, job.body))
         eid = self._prefix + b"%d.%d" % (self._seq, cursor)
         if part:
             eid += b"~%d" % part

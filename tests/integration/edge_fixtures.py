@@ -56,11 +56,16 @@ def wait_ready(base: str, timeout: float = 15.0) -> None:
 
 
 @contextmanager
-def stack(worker_args: tuple[str, ...] = (), edge_args: tuple[str, ...] = ()) -> Iterator[Stack]:
+def stack(
+    worker_args: tuple[str, ...] = (),
+    edge_args: tuple[str, ...] = (),
+    edge_env: dict[str, str] | None = None,
+) -> Iterator[Stack]:
     """Start a sim worker and an edge for it; end both by PID afterwards."""
     worker = start_worker("--engine", "sim", *worker_args)
     try:
-        edge = start_edge("--worker", worker.address, *edge_args, env=EDGE_ENV)
+        env = {**EDGE_ENV, **(edge_env or {})}
+        edge = start_edge("--worker", worker.address, *edge_args, env=env)
         try:
             wait_ready(f"http://{edge.address}")
             yield Stack(worker, edge)

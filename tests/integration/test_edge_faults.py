@@ -8,11 +8,19 @@ SDK, raw sockets for misbehaving clients.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
+import httpx
 import openai
 import pytest
 
-from tests.integration.edge_fixtures import Stack, chat_start, direct_generate, stack
+from tests.integration.edge_fixtures import (
+    Stack,
+    chat_start,
+    direct_generate,
+    parse_sse,
+    stack,
+)
 
 MESSAGES = [{"role": "user", "content": "Tell me about rivers and the sea."}]
 
@@ -49,3 +57,41 @@ def test_openai_sdk_survives_heartbeats_during_a_long_prefill(slow_prefill: Stac
         model="", prompt="Once", temperature=0, max_tokens=12, stream=True
     )
     assert "".join(c.choices[0].text for c in streamed) == want_text
+
+
+# -- 3: a Last-Event-ID resumed someone else's generation --------------------------------
+
+KEYS = {"alice": "alice-key-0123456789abcdef", "mallory": "mallory-key-0123456789abcd"}
+
+
+@pytest.fixture(scope="module")
+def tenants() -> Iterator[Stack]:
+    env = {"SLUICE_API_KEYS": ",".join(f"{name}:{key}" for name, key in KEYS.items())}
+    with stack(("--sim-token-delay", "0.005"), (), edge_env=env) as s:
+        yield s
+
+
+def _stream(s: Stack, key: str, body: dict[str, Any], last_id: str = "") -> httpx.Response:
+    headers = {"authorization": f"Bearer {KEYS[key]}"}
+    if last_id:
+        headers["last-event-id"] = last_id
+    return httpx.post(f"{s.base}/v1/chat/completions", json=body, headers=headers, timeout=30)
+
+
+def test_another_keys_event_id_is_refused_and_a_changed_body_too(tenants: Stack) -> None:
+    body = {"messages": MESSAGES, "max_tokens": 10, "temperature": 0, "stream": True}
+    whole = _stream(tenants, "alice", body)
+    assert whole.status_code == 200
+    events = [e for e in parse_sse(whole.content) if "id" in e]
+    mid = events[3]["id"]
+    stolen = _stream(tenants, "mallory", body, mid)
+    assert stolen.status_code == 403
+    assert stolen.json()["error"]["code"] == "stream_not_yours"
+    other = {**body, "messages": [{"role": "user", "content": "something else"}]}
+    changed = _stream(tenants, "alice", other, mid)
+    assert changed.status_code == 400
+    assert changed.json()["error"]["code"] == "resume_body_mismatch"
+    own = _stream(tenants, "alice", body, mid)
+    assert own.status_code == 200
+    resumed = [e for e in parse_sse(own.content) if "id" in e]
+    assert [e["data"] for e in resumed] == [e["data"] for e in events[4:]]

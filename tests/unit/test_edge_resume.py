@@ -1,77 +1,106 @@
-"""Signed event ids and stream links: round trips, and every forgery refused."""
+"""Signed event ids and stream links: round trips, owner binding, every forgery refused."""
 
 import time
 
 import pytest
 
 from edge.errors import ApiError
-from edge.stream.ids import ResumeCodec
+from edge.stream.ids import Origin, ResumeCodec
 from edge.upstream.worker import worker_key
 
 CODEC = ResumeCodec(b"k" * 32)
 W = worker_key("10.0.0.7:50051")
+OWNER, BODY = CODEC.tag("alice"), CODEC.tag(b"chat|request bytes")
 
 
-def test_event_id_round_trip_with_part():
-    prefix = CODEC.prefix("req:with/odd+chars", W)
-    for tail, want in ((b"12.9", (12, 9, 0)), (b"14.20~2", (14, 20, 2))):
-        token = (prefix + tail).decode()
+def origin(request_id: str = "abc", worker: str = W) -> Origin:
+    return Origin(request_id, worker, OWNER, BODY)
+
+
+def event_id(tail: bytes, o: Origin | None = None) -> str:
+    return (CODEC.prefix(o or origin()) + tail).decode()
+
+
+@pytest.mark.parametrize("request_id", ["req:with/odd+chars", "0123456789abcdef" * 2, "ab-c1"])
+def test_event_id_round_trip_with_part(request_id: str):
+    for tail, want in ((b"12.9", (12, 9, 0)), (b"14.20~2", (14, 20, 2)), (b"3.4~4", (3, 4, 4))):
+        token = event_id(tail, origin(request_id))
         assert "\n" not in token and ":" not in token and "10.0.0.7" not in token
         p = CODEC.parse(token)
-        assert (p.request_id, p.worker) == ("req:with/odd+chars", W)
+        assert p.origin == Origin(request_id, W, OWNER, BODY)
+        assert (p.request_id, p.worker) == (request_id, W)
         assert (p.seq, p.cursor, p.part) == want
+
+
+def test_edge_request_ids_make_short_tokens():
+    token = event_id(b"1.2", origin("0123456789abcdef" * 2))
+    assert len(token.split(".")[0]) == 51
+
+
+def test_tags_differ_by_principal_and_by_secret():
+    assert CODEC.tag("alice") != CODEC.tag("bob")
+    assert ResumeCodec(b"z" * 32).tag("alice") != CODEC.tag("alice")
+
+
+def _flip(token: str, at: int) -> str:
+    head, rest = token.split(".", 1)
+    c = "A" if head[at] != "A" else "B"
+    return head[:at] + c + head[at + 1 :] + "." + rest
 
 
 @pytest.mark.parametrize(
     "mutate",
     [
-        lambda t: t.replace(t.split(".")[0], "b3RoZXI"),  # another request id
-        lambda t: t.replace(W, worker_key("evil:1")),  # another worker
-        lambda t: t[: t.index(".", t.index(".") + 1) + 1] + "AAAAAAAAAAAAAAAA." + "1.2",  # sig
+        lambda t: _flip(t, 3),  # the MAC
+        lambda t: _flip(t, 20),  # the worker
+        lambda t: _flip(t, 23),  # the owner tag
+        lambda t: _flip(t, 27),  # the body tag
+        lambda t: _flip(t, 31),  # the request id
+        lambda t: event_id(b"3.4", origin("abd")).split(".")[0][:20] + t[20:],  # spliced
         lambda t: t + ".5",
         lambda t: t.rsplit(".", 1)[0] + ".x",
         lambda t: t + "~9",
         lambda _: "",
         lambda _: "garbage",
         # Regressions: each of these was a 500 (TypeError / ValueError) instead of a 400.
-        lambda t: t.replace(t.split(".")[2], "é" * len(t.split(".")[2])),  # non-ASCII sig
+        lambda t: "é" * 10 + t[10:],  # non-ASCII token
         lambda t: t.rsplit(".", 2)[0] + ".²." + t.rsplit(".", 1)[1],  # "²".isdigit()
         lambda t: t.rsplit(".", 1)[0] + "." + "9" * 30,  # past any index
+        lambda t: "A" * 5 + "." + t.split(".", 1)[1],  # a token too short to hold a MAC
     ],
 )
 def test_forged_or_malformed_ids_are_refused(mutate):
-    token = (CODEC.prefix("abc", W) + b"3.4").decode()
+    token = event_id(b"3.4")
     with pytest.raises(ApiError) as e:
         CODEC.parse(mutate(token))
     assert e.value.status == 400 and e.value.param == "Last-Event-ID"
 
 
 def test_other_secret_refuses():
-    token = (CODEC.prefix("abc", W) + b"3.4").decode()
     with pytest.raises(ApiError):
-        ResumeCodec(b"z" * 32).parse(token)
+        ResumeCodec(b"z" * 32).parse(event_id(b"3.4"))
 
 
 def test_stream_link_round_trip_forgery_and_expiry():
-    token, expires = CODEC.stream_token("gen-1", W, ttl_s=60)
+    token, expires = CODEC.stream_token(origin("gen-1"), ttl_s=60)
     assert expires > time.time()
-    assert CODEC.open_stream(token) == ("gen-1", W)
-    rid, worker, exp, sig = token.split(".")
+    assert CODEC.open_stream(token) == origin("gen-1")
+    head, exp = token.split(".")
     with pytest.raises(ApiError) as e:  # extending the expiry breaks the signature
-        CODEC.open_stream(f"{rid}.{worker}.{int(exp) + 1000}.{sig}")
+        CODEC.open_stream(f"{head}.{int(exp) + 1000}")
     assert e.value.status == 404
-    old, _ = CODEC.stream_token("gen-1", W, ttl_s=-1)
+    old, _ = CODEC.stream_token(origin("gen-1"), ttl_s=-1)
     with pytest.raises(ApiError) as e:
         CODEC.open_stream(old)
     assert e.value.status == 410
     # An event id's signature is not a stream link's.
     with pytest.raises(ApiError):
-        CODEC.open_stream((CODEC.prefix("gen-1", W) + b"1.2").decode())
+        CODEC.open_stream(event_id(b"1.2", origin("gen-1")).rsplit(".", 1)[0])
 
 
 def test_non_ascii_stream_link_is_not_found_not_a_crash():
-    token, _ = CODEC.stream_token("gen-1", W, ttl_s=60)
-    rid, worker, exp, sig = token.split(".")
+    token, _ = CODEC.stream_token(origin("gen-1"), ttl_s=60)
+    head, exp = token.split(".")
     with pytest.raises(ApiError) as e:
-        CODEC.open_stream(f"{rid}.{worker}.{exp}.{'é' * len(sig)}")
+        CODEC.open_stream(f"{'é' * len(head)}.{exp}")
     assert e.value.status == 404
