@@ -40,7 +40,8 @@ test-fast: setup ## Run the suite without the real-model tests
 deploy-check: setup ## Validate the Kubernetes manifests and run nginx against a real edge and worker
 	$(PY) -m pytest -q tests/integration/test_deploy_k8s.py tests/integration/test_nginx.py
 
-bench: setup ## Benchmarks (BENCHMARKS.md); e.g. make bench ARGS="--mode overhead --concurrency 64"
+bench: setup ## Benchmarks (BENCHMARKS.md), with the [bench] extra (vllm-router); e.g. make bench ARGS="--mode overhead --concurrency 64"
+	@[ -x .venv/bin/vllm-router ] || $(PY) -m pip install -e ".[bench]"
 	$(PY) -m scripts.bench $(or $(ARGS),--mode overhead --concurrency 64 --duration 10)
 
 lint: setup ## ruff (lint + format check) and mypy
