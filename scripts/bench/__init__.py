@@ -17,6 +17,7 @@ One module per concept:
 | `report.py` | JSON and markdown results |
 | `plot.py` | PNG plot (matplotlib) |
 | `stacks.py` | starting the processes under test (sim worker, edge, vLLM worker, vLLM server) |
+| `procwatch.py` | their CPU and memory from /proc over the measured window |
 | `modes.py` | run, overhead and compare orchestration |
 | `selftest.py` | the SSE reader's parsing speed on a synthetic buffer |
 """

@@ -25,10 +25,10 @@ from scripts.bench.fanout import DriverFactory, run_fanout, run_in_process
 from scripts.bench.grpc_driver import GrpcDriver
 from scripts.bench.load import LoadResult
 from scripts.bench.openai_driver import OpenAIDriver
+from scripts.bench.procwatch import ProcWatch
 from scripts.bench.progress import Progress
 from scripts.bench.stacks import (
     Proc,
-    ProcWatch,
     start_edge,
     start_sim_worker,
     start_vllm_server,
