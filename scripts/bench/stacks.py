@@ -3,7 +3,9 @@
 - a worker with the sim engine, an edge in front of a worker (ours: `python -m model_service`,
   `python -m edge`, both with `--port 0 --port-file`);
 - a worker with the vLLM engine and vLLM's own OpenAI server, from one model directory
-  with the same engine settings (`EngineSettings`), for side-by-side runs.
+  with the same engine settings (`EngineSettings`), for side-by-side runs;
+- vLLM's Rust router (`vllm-router`, the `[bench]` extra) in front of an edge: the peer
+  whose CPU per event the edge is measured against.
 
 `procwatch.ProcWatch` measures them while a benchmark runs.
 """
@@ -219,6 +221,40 @@ def start_vllm_server(model_dir: str, engine: EngineSettings, timeout: float = 9
         "vllm-server",
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
          "--host", "127.0.0.1", f"--port={port}", *engine.server_args()],
+    )  # fmt: skip
+    proc.port = port
+    return _wait(proc, lambda: _models_ready(port), timeout)
+
+
+# With one backend a policy has nothing to choose; round_robin is the cheapest (cache_aware,
+# the router's default, keeps a prefix tree per request). `extra` may override it.
+ROUTER_DEFAULT_ARGS = ("--policy", "round_robin")
+
+
+def router_binary() -> str:
+    """The `vllm-router` console script: beside this Python first, then on PATH."""
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    found = shutil.which("vllm-router", path=path)
+    if not found:
+        raise SystemExit(
+            "vllm-router is not installed: `make bench` installs it, or "
+            "`.venv/bin/python -m pip install -e '.[bench]'`"
+        )
+    return found
+
+
+def start_vllm_router(edge_url: str, extra: list[str], timeout: float = 60.0) -> Proc:
+    """`vllm-router --worker-urls EDGE` on a free port, waited until it lists the model.
+
+    At start it polls `/health` on the backend before it listens (the edge serves it);
+    `--health-check-endpoint` only sets what it polls afterwards."""
+    port, metrics_port = free_port(), free_port()
+    proc = _spawn(
+        "vllm-router",
+        [router_binary(), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", edge_url,
+         "--health-check-endpoint", "/healthz", "--worker-startup-check-interval", "1",
+         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
+         *ROUTER_DEFAULT_ARGS, *extra],
     )  # fmt: skip
     proc.port = port
     return _wait(proc, lambda: _models_ready(port), timeout)
