@@ -4,6 +4,9 @@ PY := .venv/bin/python
 PROTOS := $(wildcard protos/*.proto)
 WORKER_PORT ?= 50051
 EDGE_PORT ?= 8000
+# `make bench` without ARGS: gRPC, the edge and vllm-router -> edge side by side (a
+# variable: the commas would split $(or ...)'s arguments).
+BENCH_DEFAULT := --mode overhead --targets grpc,sse,router --concurrency 64 --duration 10 --warmup 64
 
 .DEFAULT_GOAL := help
 .PHONY: help setup protos check-protos model serve serve-sim test test-fast deploy-check lint fmt bench clean
@@ -40,8 +43,9 @@ test-fast: setup ## Run the suite without the real-model tests
 deploy-check: setup ## Validate the Kubernetes manifests and run nginx against a real edge and worker
 	$(PY) -m pytest -q tests/integration/test_deploy_k8s.py tests/integration/test_nginx.py
 
-bench: setup ## Benchmarks (BENCHMARKS.md); e.g. make bench ARGS="--mode overhead --concurrency 64"
-	$(PY) -m scripts.bench $(or $(ARGS),--mode overhead --concurrency 64 --duration 10)
+bench: setup ## Benchmarks (BENCHMARKS.md), with the [bench] extra (vllm-router); e.g. make bench ARGS="--mode overhead --concurrency 64"
+	@[ -x .venv/bin/vllm-router ] || $(PY) -m pip install -e ".[bench]"
+	$(PY) -m scripts.bench $(or $(ARGS),$(BENCH_DEFAULT))
 
 lint: setup ## ruff (lint + format check) and mypy
 	$(PY) -m ruff check model_service edge tests scripts

@@ -16,7 +16,9 @@ One module per concept:
 | `stats.py` | percentiles and the run summary |
 | `report.py` | JSON and markdown results |
 | `plot.py` | PNG plot (matplotlib) |
-| `stacks.py` | starting the processes under test (sim worker, edge, vLLM worker, vLLM server) |
+| `stacks.py` | starting the processes under test (sim worker, edge, vllm-router, vLLM) |
+| `procwatch.py` | their CPU and memory from /proc over the measured window |
 | `modes.py` | run, overhead and compare orchestration |
+| `overhead.py` | overhead mode's figures: added latency per hop, CPU per event and per request |
 | `selftest.py` | the SSE reader's parsing speed on a synthetic buffer |
 """

@@ -19,6 +19,8 @@ MODES = ("run", "overhead", "compare", "selftest")
 DEFAULT_URL = "http://127.0.0.1:8000"
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 DEFAULT_OUT = ROOT / "scripts" / "results"
+# grpc: the worker directly; sse: through the edge; router: through vllm-router -> edge.
+OVERHEAD_TARGETS = ("grpc", "sse", "router")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,13 +41,14 @@ class TargetConfig:
 class OverheadConfig:
     """Transport-only runs on the sim engine: which targets, which stack."""
 
-    targets: tuple[str, ...] = ("grpc", "sse")
+    targets: tuple[str, ...] = ("grpc", "sse")  # of OVERHEAD_TARGETS
     worker: str = ""  # an existing sim worker; empty: start one
     edge: str = ""  # an existing edge URL; empty: start one
     sim_ttft_s: float = 0.0
     sim_token_delay_s: float = 0.0
     worker_args: tuple[str, ...] = ()
     edge_args: tuple[str, ...] = ()
+    router_args: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,13 +121,16 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--temperature", type=float, default=0.0)
     w.add_argument("--seed", type=int, default=0)
     o = p.add_argument_group("overhead mode (sim engine, transport only)")
-    o.add_argument("--targets", default="grpc,sse", help="comma-separated: grpc, sse")
+    o.add_argument("--targets", default="grpc,sse",
+                   help="comma-separated: grpc, sse (edge), router (vllm-router+edge)")  # fmt: skip
     o.add_argument("--worker", default="", help="use this sim worker instead of starting one")
     o.add_argument("--edge", default="", help="use this edge URL instead of starting one")
     o.add_argument("--sim-ttft", type=float, default=0.0)
     o.add_argument("--sim-token-delay", type=float, default=0.0)
     o.add_argument("--worker-arg", action="append", default=[], help="extra worker flag")
     o.add_argument("--edge-arg", action="append", default=[], help="extra edge flag")
+    o.add_argument("--router-arg", action="append", default=[],
+                   help="extra vllm-router flag (default --policy round_robin)")  # fmt: skip
     c = p.add_argument_group("compare mode")
     c.add_argument("--compare", nargs=2, metavar=("A", "B"),
                    help="sluice | sluice-grpc | vllm | sse:URL | grpc:ADDR")  # fmt: skip
@@ -153,6 +159,10 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
     duration, requests = a.duration, a.requests
     if not duration and not requests and mode != "selftest":
         duration = 10.0
+    targets = tuple(x.strip() for x in a.targets.split(",") if x.strip())
+    unknown = [x for x in targets if x not in OVERHEAD_TARGETS]
+    if unknown or not targets:
+        raise SystemExit(f"--targets: {unknown or a.targets!r}; pick from {OVERHEAD_TARGETS}")
     watch = []
     for item in a.watch_pid:
         label, _, pid = item.rpartition("=")
@@ -194,13 +204,14 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
             out_dir=Path(a.out), name=a.name, plot=not a.no_plot, progress=not a.no_progress
         ),
         overhead=OverheadConfig(
-            targets=tuple(x.strip() for x in a.targets.split(",") if x.strip()),
+            targets=targets,
             worker=a.worker,
             edge=a.edge,
             sim_ttft_s=a.sim_ttft,
             sim_token_delay_s=a.sim_token_delay,
             worker_args=tuple(a.worker_arg),
             edge_args=tuple(a.edge_arg),
+            router_args=tuple(a.router_arg),
         ),
         compare=CompareConfig(
             targets=tuple(a.compare or ()),

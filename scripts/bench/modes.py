@@ -2,8 +2,10 @@
 
 - `run`: one target that is already running (our edge, a worker, any OpenAI server).
 - `overhead`: the sim engine at (by default) zero delay, so only transport is measured:
-  gRPC straight to the worker and SSE through the edge, alternating for `rounds`, with
-  worker time stamps; reports the edge's added latency and bytes on the wire per token.
+  gRPC straight to the worker, SSE through the edge and SSE through vllm-router in front
+  of the edge (`--targets`), alternating for `rounds`, with worker time stamps; reports
+  each hop's added latency, bytes on the wire per token, and each server process's CPU
+  per event and per request (`overhead.py`).
 - `compare`: two targets alternating A, B, A, B... (`rounds`), ratios of their medians;
   `sluice` / `vllm` start our stack and vLLM's own server from one model directory.
 """
@@ -12,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import statistics
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -25,16 +26,18 @@ from scripts.bench.fanout import DriverFactory, run_fanout, run_in_process
 from scripts.bench.grpc_driver import GrpcDriver
 from scripts.bench.load import LoadResult
 from scripts.bench.openai_driver import OpenAIDriver
+from scripts.bench.overhead import overhead_analysis
+from scripts.bench.procwatch import ProcWatch
 from scripts.bench.progress import Progress
 from scripts.bench.stacks import (
     Proc,
-    ProcWatch,
     start_edge,
     start_sim_worker,
+    start_vllm_router,
     start_vllm_server,
     start_vllm_worker,
 )
-from scripts.bench.stats import summarize
+from scripts.bench.stats import median, summarize
 
 GOALS = {"tokens_per_s_ratio": (">=", 1.0), "ttft_p50_ratio": ("<=", 1.1)}
 
@@ -106,11 +109,6 @@ def run_mode(cfg: BenchConfig) -> dict[str, Any]:
     return finish(cfg, [result], {})
 
 
-def _median(values: list[Any]) -> float | None:
-    vals = [v for v in values if v is not None and v == v]
-    return round(statistics.median(vals), 4) if vals else None
-
-
 def _sim_worker_args(cfg: BenchConfig) -> list[str]:
     ld, w, o = cfg.load, cfg.workload, cfg.overhead
     slots = max(ld.concurrency, ld.max_concurrency, 1024)
@@ -138,83 +136,37 @@ def overhead_mode(cfg: BenchConfig) -> dict[str, Any]:
             started.append(start_sim_worker(_sim_worker_args(cfg)))
             worker = started[-1].address
         edge = o.edge
-        if "sse" in o.targets and not edge:
+        if {"sse", "router"} & set(o.targets) and not edge:
             # The edge forwards worker stamps only when told to (`--allow-stamps`).
             stamps = ["--allow-stamps"] if stamp else []
             started.append(start_edge(worker, [*stamps, *o.edge_args]))
             edge = started[-1].url
+        router = ""
+        if "router" in o.targets:
+            started.append(start_vllm_router(edge, list(o.router_args)))
+            router = started[-1].url
+        where = {"grpc": worker, "sse": edge, "router": router}
         pids = {p.name: p.pid for p in started}
         results = []
         for r in range(cfg.rounds):
             for target in o.targets:
                 label = target if cfg.rounds == 1 else f"{target} #{r + 1}"
-                where = worker if target == "grpc" else edge
-                factory = make_factory(cfg, target, where, label, stamp)
+                kind = "grpc" if target == "grpc" else "sse"
+                factory = make_factory(cfg, kind, where[target], label, stamp)
                 results.append(measure(cfg, factory, label, pids))
     finally:
-        for proc in reversed(started):  # edge first, then the worker
+        for proc in reversed(started):  # the router first, then the edge, then the worker
             proc.stop()
     runs = [summarize(r) for r in results]
-    analysis = overhead_analysis(runs, o.targets, cfg.load.concurrency, o.sim_token_delay_s)
+    w = cfg.workload
+    analysis = overhead_analysis(
+        runs,
+        o.targets,
+        cfg.load.concurrency,
+        o.sim_token_delay_s,
+        one_token=w.output_tokens == 1 and not w.output_spread,
+    )
     return finish(cfg, results, {"overhead": analysis})
-
-
-def overhead_analysis(
-    runs: list[dict[str, Any]], targets: tuple[str, ...], streams: int, token_delay_s: float = 0
-) -> dict[str, Any]:
-    """Medians over rounds per target; edge-added latency = SSE minus gRPC worker->client.
-
-    With a token delay, `lateness` = inter-event gap minus the delay: how late events
-    arrive relative to the worker's schedule, a stamp-free latency figure."""
-    out: dict[str, Any] = {}
-    for t in targets:
-        mine = [r for r in runs if r["label"].split(" ")[0] == t]
-        out[f"{t}.tokens_per_s"] = _median([r["tokens_per_s"] for r in mine])
-        out[f"{t}.steady_tokens_per_s"] = _median([r["steady_tokens_per_s"] for r in mine])
-        out[f"{t}.ttft_p50_ms"] = _median([r["ttft_ms"].get("p50") for r in mine])
-        for p in ("p50", "p99"):
-            out[f"{t}.worker_to_client_{p}_ms"] = _median(
-                [r["stamp_latency_ms"].get(p) for r in mine]
-            )
-        out[f"{t}.rx_bytes_per_token"] = _median([r["wire"]["rx_bytes_per_token"] for r in mine])
-        out[f"{t}.payload_bytes_per_token"] = _median(
-            [r["wire"]["payload_bytes_per_token"] for r in mine]
-        )
-        out[f"{t}.tokens_per_event"] = _median([r["tokens_per_event"] for r in mine])
-        if token_delay_s > 0:
-            for p in ("p50", "p99"):
-                itl = _median([r["itl_ms"].get(p) for r in mine])
-                late = itl - token_delay_s * 1000 if itl is not None else None
-                out[f"{t}.lateness_{p}_ms"] = round(late, 4) if late is not None else None
-    if {"grpc", "sse"} <= set(targets):
-        for p in ("p50", "p99"):
-            sse, grpc = out[f"sse.worker_to_client_{p}_ms"], out[f"grpc.worker_to_client_{p}_ms"]
-            out[f"edge_added_{p}_ms"] = (
-                round(sse - grpc, 4) if sse is not None and grpc is not None else None
-            )
-        if out["sse.worker_to_client_p50_ms"] is None:
-            out["note"] = "the edge did not forward worker stamps; edge_added_* unavailable"
-        s, g = out["sse.ttft_p50_ms"], out["grpc.ttft_p50_ms"]
-        out["edge_added_ttft_p50_ms"] = round(s - g, 4) if s is not None and g is not None else None
-        s, g = out["sse.rx_bytes_per_token"], out["grpc.rx_bytes_per_token"]
-        out["wire_sse_over_grpc"] = round(s / g, 2) if s and g else None
-    sse_runs = [r for r in runs if r["label"].startswith("sse") and "edge" in r["processes"]]
-    if sse_runs:
-        # The edge's own cost while it carried the SSE runs (the worker's and harness's CPU
-        # compete on a small machine, so tokens per edge CPU-second is the capacity figure).
-        edges = [r["processes"]["edge"] for r in sse_runs]
-        out["edge.cpu_pct"] = _median([e["cpu_pct"] for e in edges])
-        out["edge.cpu_us_per_token"] = _median(
-            [e["cpu_s"] * 1e6 / r["tokens_total"] for e, r in zip(edges, sse_runs, strict=True)
-             if r["tokens_total"]]
-        )  # fmt: skip
-        if out["edge.cpu_us_per_token"]:
-            out["edge.capacity_tokens_per_s_per_core"] = round(1e6 / out["edge.cpu_us_per_token"])
-        out["edge.rss_peak_mib"] = max(e["rss_peak_mib"] for e in edges)
-        if streams:
-            delta_kib = max((e["rss_peak_mib"] - e["rss_start_mib"]) * 1024 for e in edges)
-            out["edge.rss_growth_kib_per_stream"] = round(delta_kib / streams, 2)
-    return out
 
 
 class _Stacks:
@@ -306,9 +258,9 @@ def comparison(runs: list[dict[str, Any]], a: str, b: str) -> dict[str, Any]:
     }
     for name, get in metrics.items():
         va, vb = [get(r) for r in ra], [get(r) for r in rb]
-        out[f"A.{name}"], out[f"B.{name}"] = _median(va), _median(vb)
+        out[f"A.{name}"], out[f"B.{name}"] = median(va), median(vb)
         ratios = [x / y for x, y in zip(va, vb, strict=False) if x is not None and y]
-        out[f"{name}_ratio"] = _median(ratios)
+        out[f"{name}_ratio"] = median(ratios)
     for name, (op, goal) in GOALS.items():
         value = out.get(name)
         if value is not None:

@@ -131,9 +131,26 @@ def markdown(doc: dict[str, Any]) -> str:
     for key, title in (("overhead", "overhead"), ("comparison", "comparison")):
         if doc.get(key):
             parts += ["", kv_table(title, doc[key])]
+    if (doc.get("overhead") or {}).get("cpu"):
+        parts += ["", cpu_table(doc["overhead"]["cpu"])]
     if any(run.get("processes") for run in doc["runs"]):
         parts += ["", process_table(doc["runs"])]
     return "\n".join(parts) + "\n"
+
+
+def cpu_table(cpu: dict[str, dict[str, dict[str, Any]]]) -> str:
+    """Overhead mode: CPU of each server process on a target's path (medians over rounds)."""
+    lines = [
+        "| target | process | CPU % | CPU µs/event | CPU µs/request | requests/s per core |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for target, procs in cpu.items():
+        for name, c in procs.items():
+            lines.append(
+                f"| {target} | {name} | {_fmt(c['cpu_pct'])} | {_fmt(c['cpu_us_per_event'])} | "
+                f"{_fmt(c['cpu_us_per_request'])} | {_fmt(c['requests_per_s_per_core'])} |"
+            )
+    return "\n".join(lines)
 
 
 def process_table(runs: list[dict]) -> str:

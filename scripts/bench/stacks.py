@@ -1,12 +1,13 @@
-"""The processes under test: started on 127.0.0.1, waited for, watched, stopped by PID.
+"""The processes under test: started on 127.0.0.1, waited for, stopped by PID.
 
 - a worker with the sim engine, an edge in front of a worker (ours: `python -m model_service`,
   `python -m edge`, both with `--port 0 --port-file`);
 - a worker with the vLLM engine and vLLM's own OpenAI server, from one model directory
-  with the same engine settings (`EngineSettings`), for side-by-side runs.
+  with the same engine settings (`EngineSettings`), for side-by-side runs;
+- vLLM's Rust router (`vllm-router`, the `[bench]` extra) in front of an edge: the peer
+  whose CPU per event the edge is measured against.
 
-`ProcWatch` samples resident memory and CPU time of each process tree (vLLM runs its
-engine core in a child process) while a benchmark runs.
+`procwatch.ProcWatch` measures them while a benchmark runs.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +30,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from scripts.bench.openai_driver import get_json
 
 ROOT = Path(__file__).resolve().parents[2]
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -227,86 +226,35 @@ def start_vllm_server(model_dir: str, engine: EngineSettings, timeout: float = 9
     return _wait(proc, lambda: _models_ready(port), timeout)
 
 
-def _tree(pid: int) -> list[int]:
-    """pid and its descendants."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children.get(p, ()))
-    return out
+# With one backend a policy has nothing to choose; round_robin is the cheapest (cache_aware,
+# the router's default, keeps a prefix tree per request). `extra` may override it.
+ROUTER_DEFAULT_ARGS = ("--policy", "round_robin")
 
 
-def _sample(pid: int) -> tuple[int, float]:
-    """(resident KiB, CPU seconds) of one process; zeros if it is gone."""
-    try:
-        rss = 0
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                rss = int(line.split()[1])
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return rss, (int(fields[11]) + int(fields[12])) / CLK_TCK
-    except (OSError, IndexError, ValueError):
-        return 0, 0.0
+def router_binary() -> str:
+    """The `vllm-router` console script: beside this Python first, then on PATH."""
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    found = shutil.which("vllm-router", path=path)
+    if not found:
+        raise SystemExit(
+            "vllm-router is not installed: `make bench` installs it, or "
+            "`.venv/bin/python -m pip install -e '.[bench]'`"
+        )
+    return found
 
 
-class ProcWatch:
-    """Samples RSS and CPU of process trees in a thread; `stop()` returns the figures."""
+def start_vllm_router(edge_url: str, extra: list[str], timeout: float = 60.0) -> Proc:
+    """`vllm-router --worker-urls EDGE` on a free port, waited until it lists the model.
 
-    def __init__(self, pids: dict[str, int], period_s: float = 0.5) -> None:
-        self.pids = pids
-        self.period_s = period_s
-        self._first: dict[str, tuple[int, float]] = {}
-        self._last: dict[str, tuple[int, float]] = {}
-        self._peak: dict[str, int] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._t0 = 0.0
-
-    def _measure(self) -> dict[str, tuple[int, float]]:
-        out = {}
-        for label, pid in self.pids.items():
-            samples = [_sample(p) for p in _tree(pid)]
-            out[label] = (sum(s[0] for s in samples), sum(s[1] for s in samples))
-        return out
-
-    def start(self) -> None:
-        self._t0 = time.monotonic()
-        self._first = self._last = self._measure()
-        self._peak = {k: v[0] for k, v in self._first.items()}
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.period_s):
-            self._last = self._measure()
-            for k, (rss, _) in self._last.items():
-                self._peak[k] = max(self._peak.get(k, 0), rss)
-
-    def stop(self) -> dict[str, dict[str, float]]:
-        if not self._thread.is_alive():
-            return {}  # never started (the run failed before measuring)
-        self._stop.set()
-        self._thread.join()
-        self._last = self._measure()
-        wall = max(1e-9, time.monotonic() - self._t0)
-        out = {}
-        for label in self.pids:
-            rss0, cpu0 = self._first[label]
-            rss1, cpu1 = self._last[label]
-            out[label] = {
-                "pid": self.pids[label],
-                "rss_start_mib": round(rss0 / 1024, 1),
-                "rss_peak_mib": round(max(self._peak[label], rss1) / 1024, 1),
-                "rss_end_mib": round(rss1 / 1024, 1),
-                "cpu_s": round(cpu1 - cpu0, 2),
-                "cpu_pct": round(100 * (cpu1 - cpu0) / wall, 1),
-            }
-        return out
+    At start it polls `/health` on the backend before it listens (the edge serves it);
+    `--health-check-endpoint` only sets what it polls afterwards."""
+    port, metrics_port = free_port(), free_port()
+    proc = _spawn(
+        "vllm-router",
+        [router_binary(), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", edge_url,
+         "--health-check-endpoint", "/healthz", "--worker-startup-check-interval", "1",
+         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
+         *ROUTER_DEFAULT_ARGS, *extra],
+    )  # fmt: skip
+    proc.port = port
+    return _wait(proc, lambda: _models_ready(port), timeout)

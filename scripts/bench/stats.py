@@ -9,6 +9,7 @@ issued, over that window (no ramp-down tail). Latencies are in milliseconds.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import Counter
 from typing import Any
 
@@ -26,6 +27,12 @@ def percentile(sorted_values: list[float], p: float) -> float:
     lo = math.floor(k)
     hi = min(lo + 1, len(sorted_values) - 1)
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (k - lo)
+
+
+def median(values: list[Any]) -> float | None:
+    """Median of the values that are numbers (None and NaN left out), 4 decimals."""
+    vals = [v for v in values if v is not None and v == v]
+    return round(statistics.median(vals), 4) if vals else None
 
 
 def distribution(values_ns: list[int], scale: float = 1e-6) -> dict[str, float | int]:

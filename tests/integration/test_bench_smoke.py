@@ -1,9 +1,11 @@
 """The benchmark harness end to end: its CLI against a real sim worker (gRPC) and a real
-edge (SSE), and its SSE reader on synthetic bytes. Seconds, not minutes."""
+edge (SSE), overhead mode's per-process CPU figures, and its SSE reader on synthetic
+bytes. Seconds, not minutes. vllm-router (the `[bench]` extra) is not needed here."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,13 +28,18 @@ def worker():
     w.kill()
 
 
-def bench(tmp_path: Path, name: str, *args: str) -> dict:
-    """Run `python -m scripts.bench ARGS` and return its JSON result."""
-    cmd = [sys.executable, "-m", "scripts.bench", *args, "--out", str(tmp_path), "--name", name]
-    cmd += ["--requests", str(REQUESTS), "--output-tokens", str(OUTPUT_TOKENS), "--no-progress"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+def bench(tmp_path: Path, name: str, *args: str, mode: str = "run") -> dict:
+    """Run `python -m scripts.bench ARGS` and return its JSON result (defaults for
+    --requests and --output-tokens unless ARGS has them)."""
+    cmd = [sys.executable, "-m", "scripts.bench", "--mode", mode, *args]
+    cmd += ["--out", str(tmp_path), "--name", name, "--no-progress"]
+    if "--requests" not in args:
+        cmd += ["--requests", str(REQUESTS)]
+    if "--output-tokens" not in args:
+        cmd += ["--output-tokens", str(OUTPUT_TOKENS)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert (tmp_path / f"{name}.md").read_text().startswith("# Benchmark: run")
+    assert (tmp_path / f"{name}.md").read_text().startswith(f"# Benchmark: {mode}")
     return json.loads((tmp_path / f"{name}.json").read_text())
 
 
@@ -76,6 +83,42 @@ def test_sse_closed_loop_through_the_edge(worker, tmp_path):
     assert_sane(run)
     if (tmp_path / "sse.png").exists():  # matplotlib installed: the plot is a real PNG
         assert (tmp_path / "sse.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.skipif(not (ROOT / "edge" / "__main__.py").exists(), reason="no edge yet")
+def test_overhead_per_request_cpu_of_worker_and_edge(tmp_path):
+    # Issue 11's per-request measurement: 1-token streams, gRPC direct and SSE via the
+    # edge, alternating; the CPU of each process on a target's path per request and per
+    # event, from /proc over the measured window. Enough requests that the edge's CPU
+    # (~1 ms each today) spans many clock ticks.
+    n = 300
+    doc = bench(tmp_path, "per-request", "--targets", "grpc,sse", "--rounds", "2",
+                "--output-tokens", "1", "--requests", str(n), "--concurrency", "8",
+                "--warmup", "8", "--no-plot", mode="overhead")  # fmt: skip
+    runs = doc["runs"]
+    assert [r["label"] for r in runs] == ["grpc #1", "sse #1", "grpc #2", "sse #2"]
+    for run in runs:
+        assert run["requests"]["ok"] == n and run["tokens_total"] == n
+        assert set(run["processes"]) == {"sim-worker", "edge"}
+    o = doc["overhead"]
+    cpu = o["cpu"]
+    # The edge is not on the gRPC path, so it is not charged for it.
+    assert set(cpu) == {"grpc", "sse"}
+    assert set(cpu["grpc"]) == {"sim-worker"} and set(cpu["sse"]) == {"sim-worker", "edge"}
+    for target, name in (("grpc", "sim-worker"), ("sse", "sim-worker"), ("sse", "edge")):
+        c = cpu[target][name]
+        assert 0 < c["cpu_us_per_request"] < 1e6, (target, name, c)
+        assert c["cpu_us_per_event"] == c["cpu_us_per_request"]  # 1 token, 1 event
+        per_core = 1e6 / c["cpu_us_per_request"]  # requests/s per core = requests per CPU-s
+        assert c["requests_per_s_per_core"] == pytest.approx(per_core, rel=0.05)
+        assert 0 < c["cpu_pct"] <= 100 * (os.cpu_count() or 1)
+        assert f"goal {target}.{name}.cpu_us_per_request <= 250" in o
+    for t in ("grpc", "sse"):
+        assert o[f"{t}.requests_per_s"] > 0
+    assert o["edge.cpu_us_per_token"] > 0
+    assert "router_added_p50_ms" not in o and "edge_over_router_cpu_per_event" not in o
+    md = (tmp_path / "per-request.md").read_text()
+    assert "| sse | edge |" in md and "requests/s per core" in md
 
 
 def test_sse_reader_parses_a_response_split_anywhere():

@@ -1,0 +1,102 @@
+"""Overhead mode's figures (scripts/bench/overhead.py) from hand-made run summaries: the
+edge against vllm-router per event, each hop's added latency, and which processes a
+target is charged for. No servers, so no vllm-router either."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scripts.bench.overhead import overhead_analysis
+
+EVENTS = 10_000
+
+
+def run(label: str, w2c_ms: tuple[float, float], cpu_s: dict[str, float]) -> dict[str, Any]:
+    """A run summary with what overhead_analysis reads: 100 requests x 100 events."""
+    return {
+        "label": label,
+        "requests": {"completed": 100, "ok": 100, "errors": 0, "cancelled": 0},
+        "tokens_total": EVENTS,
+        "events_total": EVENTS,
+        "tokens_per_s": 1000.0,
+        "steady_tokens_per_s": 1000.0,
+        "requests_per_s": 10.0,
+        "tokens_per_event": 1.0,
+        "ttft_ms": {"p50": 5.0},
+        "itl_ms": {"p50": 20.5, "p99": 25.0},
+        "stamp_latency_ms": {"p50": w2c_ms[0], "p99": w2c_ms[1]},
+        "wire": {"rx_bytes_per_token": 400.0, "payload_bytes_per_token": 390.0},
+        "processes": {
+            name: {"cpu_s": s, "cpu_pct": s * 10, "rss_start_mib": 50.0, "rss_peak_mib": 51.0}
+            for name, s in cpu_s.items()
+        },
+    }
+
+
+def rounds(edge_s: tuple[float, float], router_s: tuple[float, float]) -> list[dict[str, Any]]:
+    """Two alternating rounds of grpc, sse, router; every process watched in every run."""
+    out = []
+    for r in range(2):
+        idle = {"sim-worker": 1.0, "edge": 0.01, "vllm-router": 0.0}
+        behind_router = {**idle, "edge": edge_s[r], "vllm-router": router_s[r]}
+        out += [
+            run(f"grpc #{r + 1}", (0.5, 2.0), idle),
+            run(f"sse #{r + 1}", (1.5, 6.0), {**idle, "edge": edge_s[r]}),
+            run(f"router #{r + 1}", (2.0, 9.0), behind_router),
+        ]
+    return out
+
+
+TARGETS = ("grpc", "sse", "router")
+
+
+def test_edge_over_router_is_the_median_of_round_by_round_ratios():
+    # Round 1: edge 100 us/event, router 50 (2.0x); round 2: 120 vs 30 (4.0x).
+    o = overhead_analysis(rounds((1.0, 1.2), (0.5, 0.3)), TARGETS, 64, 0.02)
+    assert o["edge.cpu_us_per_event"] == 110.0  # median of 100 and 120
+    assert o["vllm-router.cpu_us_per_event"] == 40.0
+    assert o["edge_over_router_cpu_per_event"] == 3.0  # median of 2.0 and 4.0, not 110/40
+    assert o["edge.cpu_us_per_request"] == 11_000.0
+    assert o["goal edge_over_router_cpu_per_event <= 1.0"] == "not met"
+
+
+def test_edge_cheaper_than_the_router_meets_the_goal():
+    o = overhead_analysis(rounds((0.3, 0.3), (0.5, 0.4)), TARGETS, 64, 0.02)
+    assert o["edge_over_router_cpu_per_event"] < 1
+    assert o["goal edge_over_router_cpu_per_event <= 1.0"] == "met"
+
+
+def test_added_latency_per_hop():
+    o = overhead_analysis(rounds((1.0, 1.0), (0.5, 0.5)), TARGETS, 64, 0.02)
+    assert (o["edge_added_p50_ms"], o["edge_added_p99_ms"]) == (1.0, 4.0)
+    assert (o["router_added_p50_ms"], o["router_added_p99_ms"]) == (0.5, 3.0)
+    assert (o["router_edge_added_p50_ms"], o["router_edge_added_p99_ms"]) == (1.5, 7.0)
+    assert o["router.lateness_p50_ms"] == 0.5
+
+
+def test_a_target_is_charged_only_for_the_processes_on_its_path():
+    # The idle edge during gRPC runs and the idle router during SSE runs are not costs of
+    # those targets.
+    cpu = overhead_analysis(rounds((1.0, 1.0), (0.5, 0.5)), TARGETS, 64)["cpu"]
+    assert list(cpu["grpc"]) == ["sim-worker"]
+    assert list(cpu["sse"]) == ["sim-worker", "edge"]
+    assert list(cpu["router"]) == ["sim-worker", "edge", "vllm-router"]
+    router = cpu["router"]["vllm-router"]
+    assert router["cpu_us_per_event"] == 50.0 and router["cpu_us_per_request"] == 5000.0
+    assert router["requests_per_s_per_core"] == 200.0  # 100 requests per 0.5 CPU-s
+
+
+def test_per_request_goals_only_for_one_token_streams():
+    runs = rounds((0.02, 0.02), (0.01, 0.01))
+    many = overhead_analysis(runs, TARGETS, 64)
+    assert not [k for k in many if k.endswith("cpu_us_per_request <= 250")]
+    one = overhead_analysis(runs, TARGETS, 64, one_token=True)
+    assert one["goal sse.edge.cpu_us_per_request <= 250"] == "met"  # 200 us
+    assert one["goal grpc.sim-worker.cpu_us_per_request <= 250"] == "not met"  # 10 ms
+
+
+def test_without_the_router_there_is_no_peer_figure():
+    runs = [r for r in rounds((1.0, 1.0), (0.5, 0.5)) if not r["label"].startswith("router")]
+    o = overhead_analysis(runs, ("grpc", "sse"), 64)
+    assert "edge_over_router_cpu_per_event" not in o and "router_added_p50_ms" not in o
+    assert o["edge_added_p50_ms"] == 1.0 and "router" not in o["cpu"]
