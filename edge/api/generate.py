@@ -31,6 +31,7 @@ from edge.stream.response import GenerationResponse, Job
 from edge.upstream.calls import ResumeCall
 from edge.upstream.failover import FailoverCall
 from edge.upstream.routing import session_key
+from generated import sluice_pb2 as pb
 
 TRACE_HEADER = "x-request-id"
 LAST_EVENT_ID = "last-event-id"
@@ -65,6 +66,7 @@ class Prepared:
     trace_id: str
     owner: bytes  # tag of the caller (API key name) bound into event ids and links
     body: bytes  # tag of the request itself (a resume must send the same one)
+    start: pb.StartGeneration  # its request id and detach grace set by the endpoint
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -111,9 +113,10 @@ async def _prepare(state: EdgeState, request: Request, kind: Kind) -> Prepared:
     key = session_key(request.headers, request.cookies, req.user)  # affinity, see routing
     request_id = new_request_id()
     owner = state.codec.tag(record_of(request.scope).caller or "")
-    canonical = req.to_start("").SerializeToString(deterministic=True)
-    body = state.codec.tag(kind.encode() + b"|" + canonical)
-    return Prepared(req, key, request_id, trace_id(request, request_id), owner, body)
+    start = req.to_start("")  # the request alone, for its tag; then ours
+    body = state.codec.tag(kind.encode() + b"|" + start.SerializeToString(deterministic=True))
+    start.request_id = request_id
+    return Prepared(req, key, request_id, trace_id(request, request_id), owner, body, start)
 
 
 def _failover(
@@ -121,7 +124,8 @@ def _failover(
 ) -> FailoverCall:
     registry = state.workers()
     worker = registry.pick(p.req.model, p.key)
-    start = p.req.to_start(p.request_id, detach_grace_ms=int(detach_grace_s * 1000))
+    start = p.start
+    start.detach_grace_ms = int(detach_grace_s * 1000)
     start.stamp_times = stamps
     return FailoverCall(registry, worker, start, timeout, p.trace_id, p.key, p.req.model)
 

@@ -104,7 +104,8 @@ class ResumeCodec:
         self._secret = secret
 
     def _mac(self, purpose: bytes, body: bytes, n: int = MAC_BYTES) -> bytes:
-        return hmac.new(self._secret, purpose + b"|" + body, hashlib.sha256).digest()[:n]
+        # hmac.digest: the one-shot C path (no HMAC object per call).
+        return hmac.digest(self._secret, purpose + b"|" + body, hashlib.sha256)[:n]
 
     def tag(self, text: str | bytes) -> bytes:
         """A short keyed digest (of a principal's name, or a request's canonical bytes)."""

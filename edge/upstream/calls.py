@@ -74,23 +74,25 @@ class GenerateCall:
     ) -> None:
         self.worker = worker
         self.request_id = start.request_id
-        # A one-item request iterator: grpc sends it and half-closes on its own.
-        self._call = worker.stub.Generate(
-            iter((pb.GenerateRequest(start=start),)),
-            timeout=timeout_s,
-            metadata=_metadata(trace_id),
-        )
+        self._call = worker.stub.Generate(timeout=timeout_s, metadata=_metadata(trace_id))
+        self._start: pb.GenerateRequest | None = pb.GenerateRequest(start=start)
         self.next_index = 0
 
     async def admitted(self) -> bool:
-        """Wait for the response headers; False if the RPC already ended (a refusal).
+        """Send the start and half-close, then wait for the response headers; False if the
+        RPC already ended (a refusal).
 
         The worker sends them (`x-sluice-request-id`) once it accepted the generation,
-        before the first token: the edge can then send its 200 at once.
+        before the first token: the edge can then send its 200 at once. (Written here
+        rather than from a request iterator: grpc would run a task per call to read it.)
         """
         try:
+            if self._start is not None:
+                request, self._start = self._start, None
+                await self._call.write(request)
+                await self._call.done_writing()
             await self._call.initial_metadata()
-        except grpc.aio.AioRpcError:
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
             return False
         return not self._call.done()
 
@@ -151,6 +153,7 @@ class ResumeCall(GenerateCall):
         self.request_id = request_id
         request = pb.ResumeRequest(request_id=request_id, from_index=from_index)
         self._call = worker.stub.Resume(request, timeout=timeout_s, metadata=_metadata(trace_id))
+        self._start = None  # a unary request: sent by grpc itself
         self.next_index = from_index
         # Counted as a call on the worker, so removing the worker from its pool waits for
         # this stream instead of closing the channel under it.
