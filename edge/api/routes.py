@@ -12,13 +12,14 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from edge.api import admin, generate, pages
 from edge.api.state import EdgeState
 from edge.errors import ApiError, error_response, internal_error
+from edge.obs.record import record_of
 
 log = logging.getLogger("sluice.edge")
 
@@ -79,6 +80,10 @@ class Dispatch:
                     405, "Method Not Allowed", code="http_405", type="invalid_request_error"
                 )
             response = await endpoint(self.state, request)
+        except ClientDisconnect:
+            # Gone while sending its body: nobody to answer, and not the edge's fault.
+            self.state.metrics.client_disconnects[record_of(scope).route] += 1
+            return
         except ApiError as err:
             response = error_response(err)
         except Exception:

@@ -64,6 +64,12 @@ ERROR_EVENT = b"error"
 HEARTBEAT = sse.encode_comment("keep-alive")
 STATUS_SETTLE_S = 2.0  # after `final`, how long to wait for the RPC's OK before cancelling
 FINISH_REASONS = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}
+HTTP10_STREAM = ApiError(
+    505,
+    "streaming needs HTTP/1.1 (a chunked body); send the request over HTTP/1.1, or with "
+    '"stream": false',
+    code="http_version_not_supported",
+)
 
 
 class Format(Protocol):
@@ -131,6 +137,12 @@ class GenerationResponse:
         job, metrics = self.job, self.job.metrics
         rec = self._record = record_of(scope)
         rec.request_id, rec.trace_id = job.request_id, job.trace_id
+        if job.stream and scope.get("http_version") == "1.0":
+            # An HTTP/1.0 client cannot read a chunked body, and uvicorn cannot send a
+            # close-delimited one: say so before anything starts.
+            self.call.cancel()
+            await self._send_json(send, 505, HTTP10_STREAM.json())
+            return
         metrics.streams_in_flight += 1
         if job.resumed:
             metrics.resumes[job.resumed] += 1

@@ -7,17 +7,21 @@ SDK, raw sockets for misbehaving clients.
 
 from __future__ import annotations
 
+import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import openai
+import orjson
 import pytest
 
 from tests.integration.edge_fixtures import (
     Stack,
     chat_start,
     direct_generate,
+    metric,
     parse_sse,
     stack,
 )
@@ -95,3 +99,67 @@ def test_another_keys_event_id_is_refused_and_a_changed_body_too(tenants: Stack)
     assert own.status_code == 200
     resumed = [e for e in parse_sse(own.content) if "id" in e]
     assert [e["data"] for e in resumed] == [e["data"] for e in events[4:]]
+
+
+# -- 4: a client that sends part of its body and leaves ---------------------------------
+
+
+def _wait_for(cond: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+def test_a_client_leaving_mid_body_is_a_disconnect_not_a_500(slow_prefill: Stack) -> None:
+    s = slow_prefill
+    route = 'route="/v1/chat/completions"'
+    before = metric(s.base, "sluice_edge_client_disconnects_total", "{" + route + "}")
+    sock = socket.create_connection(("127.0.0.1", s.edge.port))
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b'content-length: 1000\r\n\r\n{"messages": [{"role": "us'
+    )
+    sock.close()
+    key = "sluice_edge_client_disconnects_total"
+    _wait_for(lambda: metric(s.base, key, "{" + route + "}") == before + 1)
+    text = httpx.get(f"{s.base}/metrics", timeout=5).text
+    assert 'status="500"' not in text
+    assert "Traceback" not in s.edge.log()
+
+
+# -- 5: a streamed request over HTTP/1.0 -------------------------------------------------
+
+
+def test_a_stream_over_http_1_0_is_refused_clearly_not_chunked(slow_prefill: Stack) -> None:
+    s = slow_prefill
+    payload = orjson.dumps({"messages": MESSAGES, "max_tokens": 3, "stream": True})
+    sock = socket.create_connection(("127.0.0.1", s.edge.port))
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.0\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n" % len(payload) + payload
+    )
+    sock.settimeout(10)
+    raw = b""
+    while part := sock.recv(65536):
+        raw += part
+    sock.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 505 ")
+    assert b"transfer-encoding" not in head.lower()
+    assert orjson.loads(body)["error"]["code"] == "http_version_not_supported"
+    # Not streamed, the same request is answered over HTTP/1.0 (a Content-Length body).
+    plain = orjson.dumps({"messages": MESSAGES, "max_tokens": 3})
+    sock = socket.create_connection(("127.0.0.1", s.edge.port))
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.0\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n" % len(plain) + plain
+    )
+    sock.settimeout(10)
+    raw = b""
+    while part := sock.recv(65536):
+        raw += part
+    sock.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ") and b"content-length" in head.lower()
+    assert orjson.loads(body)["choices"][0]["message"]["content"]
