@@ -1,12 +1,20 @@
 """CLI: `python -m edge --worker localhost:50051 --port 8000` (console script `sluice-edge`).
 
-Shutdown order (SIGTERM/SIGINT): /readyz turns 503 (draining), uvicorn stops accepting,
-in-flight streams get `--drain-grace` seconds to finish (then they are cancelled, which
-cancels their gRPC calls), then the channels to the workers close.
+Shutdown order (SIGTERM/SIGINT):
+1. draining: /readyz answers 503 and new generations get 503 with Retry-After, while the
+   edge still listens, so load balancers and probes see it leave;
+2. in-flight streams get `--drain-grace` seconds to finish;
+3. uvicorn stops accepting and closes idle connections; streams still running end with
+   a retryable `event: error` (no id: the client resumes from its last event elsewhere)
+   and their gRPC calls are cancelled;
+4. the channels to the workers close.
+A second SIGINT (Ctrl-C) stops at once.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
 import logging
 import logging.config
@@ -35,6 +43,8 @@ log = logging.getLogger("sluice.edge")
 # event allocates more: at the default 700 allocations per young collection, thousands of
 # streams keep the collector busy. Measured in BENCHMARKS.md (target 3).
 GC_THRESHOLDS = (50_000, 20, 20)
+# After the drain: how long uvicorn waits for what is still running before cancelling it.
+FINAL_GRACE_S = 1
 
 
 class EdgeServer(uvicorn.Server):
@@ -47,9 +57,12 @@ class EdgeServer(uvicorn.Server):
         self.edge = edge
         self.state = state
         self.port = port
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drainer: asyncio.Task[None] | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
+        self._loop = asyncio.get_running_loop()
         tune_gc()
         if self.started and self.edge.server.port_file:
             write_port_file(self.edge.server.port_file, self.port)
@@ -57,9 +70,23 @@ class EdgeServer(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         """Drain (see the module docstring). Unlike uvicorn's own, the signal is not raised
         again after the drain: a graceful stop exits 0."""
+        if self.state.draining or self._loop is None:  # again, or before start-up ended
+            if sig == signal.SIGINT:
+                self.force_exit = True  # a second Ctrl-C: stop waiting for streams
+            self.should_exit = True
+            return
         self.state.draining = True
-        if self.should_exit and sig == signal.SIGINT:
-            self.force_exit = True  # a second Ctrl-C: stop waiting for streams
+        self._loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        self._drainer = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        """Until the streams end or the grace is over, then uvicorn's own shutdown."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(
+                self.state.metrics.no_streams.wait(), self.edge.server.drain_grace_s
+            )
         self.should_exit = True
 
 
@@ -101,7 +128,7 @@ def uvicorn_config(app: object, edge: EdgeConfig, **extra: object) -> uvicorn.Co
         access_log=s.access_log and s.log_format != "json",  # JSON: edge.obs has its own
         log_config=log_config(s.log_format, s.log_level),  # applied in every process
         log_level=s.log_level,
-        timeout_graceful_shutdown=int(s.drain_grace_s) or 1,
+        timeout_graceful_shutdown=FINAL_GRACE_S,  # the drain itself happened before
         **extra,  # type: ignore[arg-type]
     )
 

@@ -96,14 +96,17 @@ class ApiError(Exception):
     def json(self) -> bytes:
         return orjson.dumps(self.body())
 
-    def event_json(self) -> bytes:
-        """The data of the final `event: error` of a stream."""
+    def event_json(self, last_event_id: str | None = None) -> bytes:
+        """The data of the final `event: error` of a stream (`last_event_id`: the id of
+        the last event the client got, to resume from)."""
         body = self.body()
         err = body["error"]
         assert isinstance(err, dict)
         err["retryable"] = self.retryable
         if self.retry_after_s is not None:
             err["retry_after_ms"] = int(self.retry_after_s * 1000)
+        if last_event_id is not None:
+            err["last_event_id"] = last_event_id
         return orjson.dumps(body)
 
     def headers(self) -> dict[str, str]:

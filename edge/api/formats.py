@@ -41,7 +41,7 @@ def logprob_entries(chunk: pb.TokenChunk) -> list[dict[str, Any]]:
 
 
 class ChunkFormat:
-    """Renders one stream's OpenAI chunks (`edge.stream.response.Format`); subclasses fix
+    """Renders one stream's OpenAI chunks (`edge.stream.job.Format`); subclasses fix
     the object layout."""
 
     object_name = ""  # of streamed chunks

@@ -16,6 +16,7 @@ import secrets
 import time
 from dataclasses import dataclass
 
+import grpc
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -23,11 +24,12 @@ from edge.api.formats import make_format
 from edge.api.pages import ORJSONResponse
 from edge.api.schema import GenRequest, Kind, check_prompt, parse
 from edge.api.state import EdgeState
-from edge.errors import ApiError
+from edge.errors import ApiError, from_status
 from edge.obs.logs import TRACE_RE
 from edge.obs.record import record_of
 from edge.stream.ids import PART_DONE, Origin, ResumePoint, bad_event_id, not_yours
-from edge.stream.response import GenerationResponse, Job
+from edge.stream.job import Job
+from edge.stream.response import GenerationResponse
 from edge.upstream.calls import ResumeCall
 from edge.upstream.failover import FailoverCall
 from edge.upstream.routing import session_key
@@ -107,6 +109,8 @@ def timeout_s(request: Request, stream: bool, default: float) -> float:
 
 
 async def _prepare(state: EdgeState, request: Request, kind: Kind) -> Prepared:
+    if state.draining:
+        raise from_status(grpc.StatusCode.UNAVAILABLE, "this edge is shutting down")
     cfg = state.config
     req = parse(kind, await read_body(request, cfg.server.max_body_bytes))
     check_prompt(req, cfg.security.max_prompt_chars)

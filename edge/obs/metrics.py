@@ -7,6 +7,7 @@ path touches plain ints and `Histogram`s only: one `event_written` call per SSE 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -22,6 +23,8 @@ class Metrics:
         self.started = time.time()
         self.requests: defaultdict[tuple[str, int], int] = defaultdict(int)
         self.streams_in_flight = 0
+        self.no_streams = asyncio.Event()  # set while streams_in_flight is 0 (drains wait)
+        self.no_streams.set()
         self.client_disconnects: defaultdict[str, int] = defaultdict(int)
         self.upstream_errors: defaultdict[str, int] = defaultdict(int)
         self.heartbeats = 0
@@ -34,6 +37,15 @@ class Metrics:
         self.admission_rejections: defaultdict[str, int] = defaultdict(int)
         # More exposition text from other parts (the pools' per-pool and per-worker lines).
         self.extra: list[Callable[[], str]] = []
+
+    def stream_started(self) -> None:
+        self.streams_in_flight += 1
+        self.no_streams.clear()
+
+    def stream_ended(self) -> None:
+        self.streams_in_flight -= 1
+        if not self.streams_in_flight:
+            self.no_streams.set()
 
     def event_written(self, rx_ns: int, now_ns: int, previous_ns: int) -> None:
         """One token event written: `rx_ns` when its upstream message arrived, `previous_ns`

@@ -14,7 +14,7 @@ request body is not the one that started the generation with 400.
 
 The request id is stored as raw bytes when it is lowercase hex (the edge's own ids), so a
 token is 51 characters. `part` marks the events after the last token (1 finish, 2 usage,
-3 [DONE], 4 an error): resuming at one of them replays the final message and sends only
+3 [DONE]): resuming at one of them replays the final message and sends only
 the later parts.
 
 A stream capability (`/v1/streams/<token>`, for EventSource, which cannot send an
@@ -38,7 +38,7 @@ _HEAD = MAC_BYTES + WORKER_BYTES + 2 * TAG_BYTES
 _FORM_TEXT, _FORM_HEX = 0, 1
 _HEX = re.compile(r"(?:[0-9a-f]{2})+")
 _POSITION = re.compile(r"[0-9]{1,18}")
-PART_FINISH, PART_USAGE, PART_DONE, PART_ERROR = 1, 2, 3, 4
+PART_FINISH, PART_USAGE, PART_DONE = 1, 2, 3
 
 
 def _b64(raw: bytes) -> str:
@@ -159,7 +159,7 @@ class ResumeCodec:
         part = 0
         if "~" in cursor:
             cursor, _, part_s = cursor.partition("~")
-            if part_s not in ("1", "2", "3", "4"):
+            if part_s not in ("1", "2", "3"):
                 raise bad_event_id("malformed position")
             part = int(part_s)
         if not (_POSITION.fullmatch(seq) and _POSITION.fullmatch(cursor)):

@@ -13,9 +13,11 @@ Order of a stream: wait (at most `--first-byte`) for the worker to answer, so a 
 still gets its HTTP status (429, 400, ...); then the 200 and SSE headers, the role chunk,
 one event per upstream chunk, the finish chunk, the usage chunk if asked, and
 `data: [DONE]`. A failure after the 200 is a final `event: error` instead of the finish,
-with no `[DONE]`. Every event carries an `id:` naming the generation and worker that hold
-it and the upstream index to resume from (`edge.stream.ids`), taken from the message and
-the call as they come: nothing is renumbered.
+with no `[DONE]`. Every other event carries an `id:` naming the generation and worker that
+hold it and the upstream index to resume from (`edge.stream.ids`), taken from the message
+and the call as they come: nothing is renumbered. The error event has no `id:`, so a
+client's Last-Event-ID stays at the last event it got whole (its data repeats that id as
+`last_event_id`); an edge shutting down past its drain grace ends its streams that way.
 
 A client that reads slowly makes the body wait in `send`; it then stops reading gRPC,
 HTTP/2 flow control holds the worker back after `--stream-buffer-bytes`, and the worker
@@ -27,28 +29,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import grpc
 import orjson
 from starlette.types import Message, Receive, Scope, Send
 
-from edge.config import StreamConfig
-from edge.errors import ApiError, from_status, from_status_code_number, internal_error
-from edge.obs.metrics import Metrics
+from edge.errors import ApiError, from_status, internal_error
 from edge.obs.record import RequestRecord, record_of
 from edge.stream import sse
-from edge.stream.ids import (
-    PART_DONE,
-    PART_ERROR,
-    PART_FINISH,
-    PART_USAGE,
-    Origin,
-    ResumeCodec,
-    ResumePoint,
-)
-from edge.upstream.calls import UpstreamCall
+from edge.stream.ids import PART_DONE, PART_FINISH, PART_USAGE, Origin
+from edge.stream.job import FINISH_REASONS, Job, final_error
 from generated import sluice_pb2 as pb
 
 log = logging.getLogger("sluice.edge")
@@ -63,51 +54,15 @@ DONE = b"[DONE]"
 ERROR_EVENT = b"error"
 HEARTBEAT = sse.encode_comment("keep-alive")
 STATUS_SETTLE_S = 2.0  # after `final`, how long to wait for the RPC's OK before cancelling
-FINISH_REASONS = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}
+DRAINING = from_status(
+    grpc.StatusCode.UNAVAILABLE, "this edge is shutting down; resume from the last event id"
+)
 HTTP10_STREAM = ApiError(
     505,
     "streaming needs HTTP/1.1 (a chunked body); send the request over HTTP/1.1, or with "
     '"stream": false',
     code="http_version_not_supported",
 )
-
-
-class Format(Protocol):
-    """How one stream's events and whole response look (`edge.api.formats`)."""
-
-    include_usage: bool
-
-    def opening(self) -> bytes | None: ...
-    def delta(self, text: str, logprobs: list[dict[str, Any]] | None) -> bytes: ...
-    def finish(self, reason: str) -> bytes: ...
-    def usage(self, usage: pb.Usage) -> bytes: ...
-    def logprobs(self, chunk: pb.TokenChunk) -> list[dict[str, Any]]: ...
-    def response(
-        self, text: str, reason: str, usage: pb.Usage, logprobs: list[dict[str, Any]] | None
-    ) -> dict[str, Any]: ...
-
-
-@dataclass(slots=True)
-class Job:
-    """What a handler hands to the response: one validated generation, ready to run."""
-
-    request_id: str  # ours, unique: the chunk ids
-    trace_id: str  # the client's X-Request-Id if it sent a usable one, else request_id
-    call: UpstreamCall
-    fmt: Format
-    stream: bool
-    logprobs: bool
-    config: StreamConfig
-    metrics: Metrics
-    codec: ResumeCodec
-    resume: ResumePoint | None = None  # set when this response continues a stream
-    # How this response continues a generation: "" (a new one), "last_event_id" or
-    # "stream_link" (a first GET of /v1/streams/{token}); counted as resumes.
-    resumed: str = ""
-    stamps: bool = False  # put the worker's `worker_time_ns` into chunks (benchmarks)
-    name_worker: bool = False  # send `x-sluice-worker: <key>` (routed generations)
-    owner: bytes = b""  # `ResumeCodec.tag`s bound into every event id: the principal...
-    body: bytes = b""  # ... and the request that started the generation
 
 
 class GenerationResponse:
@@ -121,6 +76,7 @@ class GenerationResponse:
         self._cursor = job.resume.cursor if job.resume else 0
         self._origin: tuple[str, str] = ("", "")  # (request id, worker key) of _prefix
         self._prefix = b""
+        self._last_id = b""  # of the last event framed
         self._retry_pending = True
         self._running = True  # the body has not returned yet
         self._committed = False  # the response's start went out
@@ -143,7 +99,7 @@ class GenerationResponse:
             self.call.cancel()
             await self._send_json(send, 505, HTTP10_STREAM.json())
             return
-        metrics.streams_in_flight += 1
+        metrics.stream_started()
         if job.resumed:
             metrics.resumes[job.resumed] += 1
         task = asyncio.current_task()
@@ -153,6 +109,10 @@ class GenerationResponse:
             await self._run(send)
         except asyncio.CancelledError:
             if not self._gone:
+                # The server's cancel (drain grace over): a last retryable error event
+                # rather than a cut connection, then go.
+                if self._committed and not self._complete:
+                    await self._fail(send, DRAINING)
                 raise
             task.uncancel()  # our own cancel (the client left), not the server's
             metrics.client_disconnects[rec.route] += 1
@@ -161,7 +121,7 @@ class GenerationResponse:
             watcher.cancel()
             self.call.cancel()  # a no-op once the RPC ended; else the worker aborts now
             await asyncio.gather(watcher, return_exceptions=True)
-            metrics.streams_in_flight -= 1
+            metrics.stream_ended()
 
     # -- the body ---------------------------------------------------------------------
 
@@ -271,8 +231,8 @@ class GenerationResponse:
         if not self._committed:
             await self._send_json(send, err.status, err.json(), err.headers())
         elif not self._complete:
-            event = self._event(err.event_json(), self._cursor, ERROR_EVENT, PART_ERROR)
-            await self._write(send, event, more=False)
+            data = err.event_json(self._last_id.decode() if self._last_id else None)
+            await self._write(send, sse.encode_data(data, event=ERROR_EVENT), more=False)
 
     # -- the watcher ------------------------------------------------------------------
 
@@ -351,6 +311,7 @@ class GenerationResponse:
         if part:
             eid += b"~%d" % part
         self._seq += 1
+        self._last_id = eid
         framed = sse.encode_data(data, id=eid, event=event)
         if self._retry_pending:
             self._retry_pending = False
@@ -391,16 +352,3 @@ class GenerationResponse:
         finally:
             self._busy = False
         await self._write(send, body, more=False)
-
-
-def final_error(final: pb.Final) -> ApiError | None:
-    """A `final` that is not a success (CANCELLED, ERROR) as the error to report."""
-    if final.reason in FINISH_REASONS:
-        return None
-    if final.HasField("error") and final.error.code:
-        e = final.error
-        code = from_status_code_number(e.code)
-        return from_status(code, e.message, field=e.field, retry_after_ms=e.retry_after_ms)
-    if final.reason == pb.FINISH_REASON_CANCELLED:
-        return from_status(grpc.StatusCode.CANCELLED, "the generation was cancelled")
-    return from_status(grpc.StatusCode.UNKNOWN, "the generation failed")

@@ -60,20 +60,23 @@ def encode_event(
     return "".join(parts).encode("utf-8", "replace")
 
 
-def encode_data(data: bytes, *, id: bytes, event: bytes | None = None) -> bytes:
+def encode_data(data: bytes, *, id: bytes | None = None, event: bytes | None = None) -> bytes:
     """Fast path for one-line payloads already in bytes (JSON from orjson): no scan copy.
 
     JSON encoders escape control characters, so the payload is one line; it is still
     checked (a byte search, not a copy) and anything else falls back to `encode_event`.
     """
-    if b"\n" in data or b"\r" in data or b"\0" in data or b"\n" in id or b"\r" in id:
+    eid = id or b""
+    if b"\n" in data or b"\r" in data or b"\0" in data or b"\n" in eid or b"\r" in eid:
         return encode_event(
             data.decode("utf-8", "replace"),
-            id=id.decode("utf-8", "replace"),
+            id=id.decode("utf-8", "replace") if id is not None else None,
             event=event.decode("utf-8", "replace") if event is not None else None,
         )
-    head = b"event: " + event + b"\nid: " if event is not None else b"id: "
-    return head + id + b"\ndata: " + data + b"\n\n"
+    head = b"event: " + event + b"\n" if event is not None else b""
+    if id is not None:
+        head += b"id: " + id + b"\n"
+    return head + b"data: " + data + b"\n\n"
 
 
 def encode_comment(text: str = "") -> bytes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 import time
@@ -52,3 +53,37 @@ def test_several_edge_processes_share_the_port() -> None:
                 assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 3
         finally:
             assert edge.terminate() == 0
+
+
+def test_drain_past_its_grace_ends_streams_with_a_retryable_error_and_readyz_503() -> None:
+    """Issue 12, defect 8: a stream longer than the drain grace got a cut connection, and
+    /readyz stayed 200 until the edge stopped listening."""
+    with worker("--engine", "sim", "--sim-token-delay", "0.05") as w:
+        edge = start_edge("--worker", w.address, "--drain-grace", "1")
+        try:
+            base = f"http://{edge.address}"
+            wait_ready(base)
+            events: list[dict[str, str]] = []
+            with httpx.Client(timeout=15) as c:
+                long = {**BODY, "max_tokens": 200, "min_tokens": 200, "stream": True}
+                with c.stream("POST", f"{base}/v1/chat/completions", json=long) as resp:
+                    raw = b""
+                    parts = resp.iter_raw()
+                    while raw.count(b"\ndata: {") < 4:  # the stream is under way
+                        raw += next(parts)
+                    edge.proc.send_signal(signal.SIGTERM)
+                    ready = httpx.get(f"{base}/readyz", timeout=5)
+                    refused = httpx.post(f"{base}/v1/completions", json={"prompt": "x"}, timeout=5)
+                    raw += b"".join(parts)  # to the end: the response must close cleanly
+            assert ready.status_code == 503 and ready.json()["draining"] is True
+            assert refused.status_code == 503 and "retry-after" in refused.headers
+            assert edge.proc.wait(15) == 0
+        finally:
+            edge.kill()
+        events = [e for e in parse_sse(raw) if "data" in e]
+        last = events[-1]
+        assert last.get("event") == "error" and "id" not in last
+        err = json.loads(last["data"])["error"]
+        assert err["code"] == "unavailable" and err["retryable"] is True
+        assert err["last_event_id"] == [e for e in events if "id" in e][-1]["id"]
+        assert all(e["data"] != "[DONE]" for e in events)

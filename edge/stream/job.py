@@ -1,0 +1,69 @@
+"""What a stream is made of: the `Job` a handler hands over, the `Format` its events are
+rendered with (`edge.api.formats` implements it), and how a `final` reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import grpc
+
+from edge.config import StreamConfig
+from edge.errors import ApiError, from_status, from_status_code_number
+from edge.obs.metrics import Metrics
+from edge.stream.ids import ResumeCodec, ResumePoint
+from edge.upstream.calls import UpstreamCall
+from generated import sluice_pb2 as pb
+
+FINISH_REASONS = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}
+
+
+class Format(Protocol):
+    """How one stream's events and whole response look (`edge.api.formats`)."""
+
+    include_usage: bool
+
+    def opening(self) -> bytes | None: ...
+    def delta(self, text: str, logprobs: list[dict[str, Any]] | None) -> bytes: ...
+    def finish(self, reason: str) -> bytes: ...
+    def usage(self, usage: pb.Usage) -> bytes: ...
+    def logprobs(self, chunk: pb.TokenChunk) -> list[dict[str, Any]]: ...
+    def response(
+        self, text: str, reason: str, usage: pb.Usage, logprobs: list[dict[str, Any]] | None
+    ) -> dict[str, Any]: ...
+
+
+@dataclass(slots=True)
+class Job:
+    """What a handler hands to the response: one validated generation, ready to run."""
+
+    request_id: str  # ours, unique: the chunk ids
+    trace_id: str  # the client's X-Request-Id if it sent a usable one, else request_id
+    call: UpstreamCall
+    fmt: Format
+    stream: bool
+    logprobs: bool
+    config: StreamConfig
+    metrics: Metrics
+    codec: ResumeCodec
+    resume: ResumePoint | None = None  # set when this response continues a stream
+    # How this response continues a generation: "" (a new one), "last_event_id" or
+    # "stream_link" (a first GET of /v1/streams/{token}); counted as resumes.
+    resumed: str = ""
+    stamps: bool = False  # put the worker's `worker_time_ns` into chunks (benchmarks)
+    name_worker: bool = False  # send `x-sluice-worker: <key>` (routed generations)
+    owner: bytes = b""  # `ResumeCodec.tag`s bound into every event id: the principal...
+    body: bytes = b""  # ... and the request that started the generation
+
+
+def final_error(final: pb.Final) -> ApiError | None:
+    """A `final` that is not a success (CANCELLED, ERROR) as the error to report."""
+    if final.reason in FINISH_REASONS:
+        return None
+    if final.HasField("error") and final.error.code:
+        e = final.error
+        code = from_status_code_number(e.code)
+        return from_status(code, e.message, field=e.field, retry_after_ms=e.retry_after_ms)
+    if final.reason == pb.FINISH_REASON_CANCELLED:
+        return from_status(grpc.StatusCode.CANCELLED, "the generation was cancelled")
+    return from_status(grpc.StatusCode.UNKNOWN, "the generation failed")
