@@ -59,6 +59,10 @@ class Generation:
         self._changed = asyncio.Event()
         self._waited = False
         self._taken = -1  # highest log index any consumer has taken (immutable from then)
+        # Text merged into the untaken tail chunk, joined once when it is taken or frozen:
+        # `chunk.text += part` copies the whole string each time (quadratic for a client
+        # that stops reading while the engine runs on).
+        self._tail_text: list[str] = []
         self._detach_timer: asyncio.TimerHandle | None = None
         self._tokens_at_detach = 0
         self._cancel_reason: str | SluiceError | None = None
@@ -92,6 +96,8 @@ class Generation:
                 while i < len(log):
                     if i > self._taken:
                         self._taken = i  # from now on this message is immutable
+                        if self._tail_text and i == len(log) - 1:
+                            self._settle_tail()
                     entry = log[i]
                     if isinstance(entry, bytes):
                         entry = pb.GenerateResponse.FromString(entry)  # a replay
@@ -147,8 +153,16 @@ class Generation:
 
     # -- producing ---------------------------------------------------------------------
 
+    def _settle_tail(self) -> None:
+        tail = self.log[-1]
+        assert isinstance(tail, pb.GenerateResponse)
+        tail.chunk.text += "".join(self._tail_text)
+        self._tail_text = []
+
     def _freeze_tail(self) -> None:
         """Store the newest entry serialized: nothing will merge into it any more."""
+        if self._tail_text:
+            self._settle_tail()
         if self.log and not isinstance(tail := self.log[-1], bytes):
             raw = tail.SerializeToString()
             self.log[-1] = raw
@@ -172,7 +186,7 @@ class Generation:
             and tail.HasField("chunk")
             and not out.logprobs
         ):
-            tail.chunk.text += out.text
+            self._tail_text.append(out.text)
             tail.chunk.token_ids.extend(out.token_ids)
             return
         self._append(convert.chunk_to_pb(self.request_id, len(self.log), out))
