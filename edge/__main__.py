@@ -35,6 +35,7 @@ from edge.obs.logs import log_config
 from edge.security import tls
 from edge.security.auth import KeyFileError, load_keys
 from edge.security.cors import check_origins
+from edge.security.http_limits import LimitedConfig
 from edge.upstream.pools import PoolConfigError, build_pools
 
 log = logging.getLogger("sluice.edge")
@@ -120,10 +121,10 @@ def bind(host: str, port: int, sndbuf: int = 0) -> socket.socket:
 
 def uvicorn_config(app: object, edge: EdgeConfig, **extra: object) -> uvicorn.Config:
     s = edge.server
-    return uvicorn.Config(
-        app,  # type: ignore[arg-type]
+    return LimitedConfig(  # httptools, with bounds on request heads
+        app,
+        s,
         loop="uvloop",
-        http="httptools",
         lifespan="on",
         access_log=s.access_log and s.log_format != "json",  # JSON: edge.obs has its own
         log_config=log_config(s.log_format, s.log_level),  # applied in every process

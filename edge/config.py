@@ -52,6 +52,9 @@ class ServerConfig:
     # which lets each stalled SSE reader pin up to net.ipv4.tcp_wmem's maximum (often 4 MiB).
     socket_sndbuf: int = option(0, "--socket-sndbuf", "SO_SNDBUF per client socket (0: auto)")
     max_body_bytes: int = option(4 << 20, "--max-body-bytes", "largest request body")
+    max_header_bytes: int = option(32 * 1024, "--max-header-bytes", "largest request head")
+    max_headers: int = option(100, "--max-headers", "most header lines in a request")
+    header_timeout_s: float = option(10.0, "--header-timeout", "s to send a request head")
     access_log: bool = option(False, "--access-log", "log every request", action="store_true")
     log_level: str = option("info", "--log-level", "log level")
     log_format: str = option("text", "--log-format", "text or json", choices=("text", "json"))

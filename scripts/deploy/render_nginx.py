@@ -43,6 +43,9 @@ class NginxParams:
     grpc_listen: str = "0.0.0.0:8443"  # gRPC over TLS for the workers
     read_timeout_s: float = 600.0  # >= the edge's --request-timeout (see the template)
     max_body: str = "5m"  # a little above the edge's --max-body-bytes (4 MiB)
+    # Request heads, as the edge bounds them (--header-timeout, --max-header-bytes):
+    # large_client_header_buffers 4 x 8k = the edge's 32 KiB.
+    header_timeout_s: float = 10.0
     worker_processes: str = "auto"
     error_log_level: str = "warn"
     user: str = ""  # `user` directive; only meaningful when nginx starts as root
@@ -137,6 +140,7 @@ def render(p: NginxParams) -> str:
         "edge_servers": _servers(p.edges, p.edge_server_options),
         "worker_servers": _servers(p.workers, "max_fails=1 fail_timeout=5s"),
         "read_timeout": _duration(p.read_timeout_s),
+        "header_timeout": _duration(p.header_timeout_s),
         "max_body": _check("max_body", p.max_body, re.compile(r"^\d+[kKmMgG]?$")),
         "grpc_scheme": "grpcs" if p.worker_tls_ca else "grpc",
         "grpc_upstream_tls": _grpc_upstream_tls(p),

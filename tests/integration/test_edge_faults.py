@@ -163,3 +163,68 @@ def test_a_stream_over_http_1_0_is_refused_clearly_not_chunked(slow_prefill: Sta
     head, _, body = raw.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200 ") and b"content-length" in head.lower()
     assert orjson.loads(body)["choices"][0]["message"]["content"]
+
+
+# -- 6: no bound on request heads: size, count, time ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def strict_heads() -> Iterator[Stack]:
+    edge = ("--header-timeout", "1", "--max-header-bytes", "4096", "--max-headers", "20")
+    with stack(("--sim-token-delay", "0"), edge) as s:
+        yield s
+
+
+def _read_all(sock: socket.socket, limit_s: float = 10.0) -> bytes:
+    sock.settimeout(limit_s)
+    out = b""
+    try:
+        while part := sock.recv(65536):
+            out += part
+    except (ConnectionResetError, BrokenPipeError):
+        pass
+    return out
+
+
+def test_a_client_sending_its_head_slowly_is_cut_off(strict_heads: Stack) -> None:
+    sock = socket.create_connection(("127.0.0.1", strict_heads.edge.port))
+    t0 = time.monotonic()
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+    sock.settimeout(0.2)
+    raw = b""
+    for byte in b"x-slow-header: " + b"a" * 40:  # one byte every 0.2 s: 11 s in all
+        try:
+            sock.send(bytes((byte,)))
+            raw += sock.recv(65536)
+        except TimeoutError:
+            continue
+        except (ConnectionResetError, BrokenPipeError):
+            break
+        if raw:
+            break
+    raw += _read_all(sock)
+    sock.close()
+    elapsed = time.monotonic() - t0
+    assert raw.startswith(b"HTTP/1.1 408 "), raw[:80]
+    assert 0.9 < elapsed < 4.0
+
+
+def test_oversized_or_too_many_headers_get_431_and_a_closed_connection(
+    strict_heads: Stack,
+) -> None:
+    port = strict_heads.edge.port
+    for head in (
+        b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-big: " + b"b" * 5000 + b"\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nhost: x\r\n" + b"".join(b"x-h%d: v\r\n" % i for i in range(30)),
+    ):
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.sendall(head + b"\r\n")
+        raw = _read_all(sock)
+        sock.close()
+        assert raw.startswith(b"HTTP/1.1 431 "), raw[:80]
+        assert b"connection: close" in raw.lower()
+        assert orjson.loads(raw.partition(b"\r\n\r\n")[2])["error"]["code"] == "http_431"
+    # Within the bounds, the same edge answers as usual.
+    assert (
+        httpx.get(f"{strict_heads.base}/healthz", headers={"x-fine": "y" * 1000}).status_code == 200
+    )

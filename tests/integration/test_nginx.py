@@ -410,3 +410,43 @@ def test_render_refuses_values_that_would_change_the_config(tmp_path, bad):
     params |= {"workers": ["w:2"], "nginx_version": (1, 22, 1), **bad}
     with pytest.raises(ValueError):
         render(NginxParams(**params))  # type: ignore[arg-type]
+
+
+def test_slow_or_oversized_request_heads_are_cut_off_by_nginx_too(pki, start_nginx):
+    """Issue 12, defect 6: nginx bounds request heads as the edge does (its
+    client_header_timeout and large_client_header_buffers come from the same values),
+    and such a client never reaches an edge."""
+    with stack(["--sim-token-delay", "0"], []) as (worker, edge):
+        nginx = start_nginx([edge.address], [worker.address], header_timeout_s=1.0)
+        ctx = ssl.create_default_context(cafile=pki["ca_file"])
+
+        def tls_socket() -> ssl.SSLSocket:
+            raw = socket.create_connection(("127.0.0.1", nginx.port), timeout=10)
+            return ctx.wrap_socket(raw, server_hostname="localhost")
+
+        def read_all(sock: ssl.SSLSocket) -> bytes:
+            out = b""
+            try:
+                while part := sock.recv(65536):
+                    out += part
+            except (ConnectionResetError, ssl.SSLError, TimeoutError):
+                pass
+            return out
+
+        slow = tls_socket()
+        t0 = time.monotonic()
+        slow.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-slow: a")
+        assert read_all(slow) in (b"", b"HTTP/1.1 408")  # nginx closes without an answer
+        elapsed = time.monotonic() - t0
+        slow.close()
+        assert 0.9 < elapsed < 4.0
+        big = tls_socket()
+        big.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-big: " + b"b" * 40_000 + b"\r\n\r\n")
+        answer = read_all(big)
+        big.close()
+        assert answer.startswith(b"HTTP/1.1 400 "), answer[:80]
+        # Neither request reached an edge: nginx logged them with no upstream.
+        with client(pki) as c:
+            assert c.get(nginx.url + "/healthz").status_code == 200
+        cut = [line for line in nginx.access_log() if '" 408 ' in line or '" 400 ' in line]
+        assert len(cut) == 2 and all(" urt=- " in line and " us=- " in line for line in cut), cut

@@ -1,0 +1,131 @@
+"""Bounds on request heads, at the HTTP protocol itself: size, header count, and time.
+
+uvicorn's httptools protocol has none: a client could send headers without end, or one
+byte a minute, and hold a connection (and its buffers) for as long as it likes. This
+subclass counts a request head's bytes (as parsed, and as read while the head has not
+ended) and its header lines, and starts a deadline when a connection opens or a request begins:
+- more than `--max-header-bytes` or `--max-headers`: 431 and the connection closed;
+- the head not complete within `--header-timeout`: 408 and the connection closed.
+Bodies are bounded elsewhere (`--max-body-bytes`). nginx's `large_client_header_buffers`
+and `client_header_timeout` are rendered from the same values (scripts/deploy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from edge.config import ServerConfig
+
+_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+
+
+class LimitedConfig(uvicorn.Config):
+    """uvicorn's config carrying the head limits to every protocol instance (a class at
+    module level: `--processes N` pickles the config into each process)."""
+
+    def __init__(self, app: Any, server: ServerConfig, **kwargs: Any) -> None:
+        super().__init__(app, http=LimitedHttpToolsProtocol, **kwargs)
+        self.head_limits = (server.max_header_bytes, server.max_headers, server.header_timeout_s)
+
+
+class LimitedHttpToolsProtocol(HttpToolsProtocol):
+    """See the module docstring; the limits come from `LimitedConfig`."""
+
+    def __init__(self, config: uvicorn.Config, *args: Any, **kwargs: Any) -> None:
+        super().__init__(config, *args, **kwargs)
+        limits: tuple[int, int, float] = getattr(config, "head_limits", (32 * 1024, 100, 10.0))
+        self.max_head_bytes, self.max_headers, self.head_timeout_s = limits
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._refused = False
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._start_head()
+
+    def _start_head(self) -> None:
+        self._heading = True
+        self._head_bytes = 0  # raw bytes of a head still incomplete after a read
+        self._head_size = 0  # of the parsed request line and header fields
+        self._head_count = 0
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.head_timeout_s, self._too_slow)
+
+    def _end_head(self) -> None:
+        self._heading = False
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end_head()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        super().data_received(data)
+        # Still in the head after all of it: every byte was head (a head that never ends
+        # is bounded here, one read past the limit at most).
+        if self._heading and not self._refused:
+            self._head_bytes += len(data)
+            if self._head_bytes > self.max_head_bytes:
+                self._refuse(431, "request header fields too large")
+
+    def on_url(self, url: bytes) -> None:
+        self._head_size += len(url)
+        super().on_url(url)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if not self._heading:
+            self._start_head()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._refused:
+            return
+        self._head_count += 1
+        self._head_size += len(name) + len(value) + 4
+        if self._head_count > self.max_headers:
+            self._refuse(431, "too many request header fields")
+            return
+        if self._head_size > self.max_head_bytes:
+            self._refuse(431, "request header fields too large")
+            return
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        if self._refused:
+            return
+        self._end_head()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        if self._refused:
+            return
+        super().on_message_complete()
+        # A keep-alive connection's next head starts with its first byte (on_message_begin);
+        # until then uvicorn's own keep-alive timeout bounds the idle time.
+
+    def _too_slow(self) -> None:
+        self._head_timer = None
+        if self._heading and not self._refused:
+            self._refuse(408, "request header not received in time")
+
+    def _refuse(self, status: int, message: str) -> None:
+        """Answer with `status` and close: the request never reaches the app."""
+        self._refused = True
+        self._end_head()
+        body = (
+            b'{"error":{"message":"%s","type":"invalid_request_error","param":null,'
+            % (message.encode())
+            + b'"code":"http_%d"}}' % status
+        )
+        head = b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\n" % (status, _REASONS[status])
+        head += b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body)
+        if not self.transport.is_closing():
+            self.transport.write(head + body)
+            self.transport.close()
