@@ -20,8 +20,8 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
+from model_service import reflection
 from model_service.config import ServerConfig, WorkerConfig
 from model_service.core import WorkerCore
 from model_service.engines import load_engine
@@ -56,9 +56,7 @@ class Worker:
         self.core.on_engine_dead = self._engine_dead
         add_to_server(GenerationServicer(self.core), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
-        )
+        reflection.enable((SERVICE_NAME, health.SERVICE_NAME), self.server)
 
     async def _set_health(self, status: int) -> None:
         for name in ("", SERVICE_NAME):
