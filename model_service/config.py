@@ -6,6 +6,8 @@ import argparse
 import os
 from dataclasses import dataclass, field
 
+LOOPS = ("auto", "asyncio", "uvloop")
+
 
 @dataclass(slots=True)
 class SimOptions:
@@ -135,6 +137,9 @@ class WorkerConfig:
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     log_level: str = "info"
+    # Event loop, as uvicorn's --loop: uvloop when installed (cheaper per message), else
+    # asyncio's own.
+    loop: str = "auto"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -192,6 +197,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="vLLM without torch.compile / CUDA graphs (default: on for CPU, off for GPU)",
     )
     p.add_argument("--log-level", default=d.log_level)
+    p.add_argument(
+        "--loop",
+        choices=LOOPS,
+        default=d.loop,
+        help="event loop: uvloop when installed (auto), or asyncio's",
+    )
     return p
 
 
@@ -242,4 +253,5 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
             max_bytes=int(args.replay_max_mb * 2**20),
         ),
         log_level=args.log_level,
+        loop=args.loop,
     )
