@@ -1,4 +1,5 @@
-"""CLI: `python -m model_service --engine sim --port 50051` (console script `sluice-worker`)."""
+"""CLI: `python -m model_service --model DIR --port 50051` (console script `sluice-worker`):
+the vLLM engine; `--engine sim` runs the simulated one."""
 
 from __future__ import annotations
 

@@ -95,7 +95,7 @@ class WorkerCore:
         cfg = self.config.replay
         if start.HasField("detach_grace_ms"):
             return min(start.detach_grace_ms / 1000, cfg.max_detach_grace_s)
-        return cfg.detach_grace_s
+        return cfg.default_detach_grace_s
 
     def engine_id(self, request_id: str) -> str:
         """Engine-side id: unique even when a caller reuses a finished request id."""

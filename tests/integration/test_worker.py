@@ -425,7 +425,7 @@ async def test_detached_generation_aborts_after_grace_and_counts_waste():
         "sim",
         "--sim-token-delay",
         "0.01",
-        "--detach-grace",
+        "--default-detach-grace",
         "0.3",
         "--replay-retention",
         "0.5",
