@@ -1,14 +1,30 @@
-"""CLI: `python -m model_service --engine sim --port 50051` (console script `sluice-worker`)."""
+"""CLI: `python -m model_service --model DIR --port 50051` (console script `sluice-worker`):
+the vLLM engine; `--engine sim` runs the simulated one."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import sys
+from collections.abc import Coroutine
+from typing import Any
 
 from model_service.config import build_parser, config_from_args
 from model_service.logs import setup_logging
 from model_service.server import serve
+
+
+def run(main: Coroutine[Any, Any, None], loop: str) -> None:
+    """Run `main` on the chosen event loop ("auto": uvloop when it is installed)."""
+    if loop == "auto":
+        loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    if loop == "uvloop":
+        import uvloop
+
+        uvloop.run(main)
+    else:
+        asyncio.run(main)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     config = config_from_args(args)
     setup_logging(args.log_level, args.log_format)
     try:
-        asyncio.run(serve(config, args.port_file))
+        run(serve(config, args.port_file), config.loop)
     except KeyboardInterrupt:
         return 130
     except (RuntimeError, ValueError, OSError) as exc:

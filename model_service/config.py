@@ -6,6 +6,8 @@ import argparse
 import os
 from dataclasses import dataclass, field
 
+LOOPS = ("auto", "asyncio", "uvloop")
+
 
 @dataclass(slots=True)
 class SimOptions:
@@ -39,7 +41,7 @@ class VllmOptions:
 class EngineConfig:
     """Which engine, which model, and the limits every engine shares."""
 
-    engine: str = "sim"
+    engine: str = "vllm"  # the real engine unless `sim` is asked for
     model: str = ""  # model directory (vllm) or label (sim)
     served_model_name: str = ""  # name clients use; default: basename of `model`
     version: str = ""  # deployment version label (canary routing)
@@ -82,7 +84,7 @@ class AdmissionConfig:
 class ReplayConfig:
     """Resumable generations: detach grace and the replay log's retention and cap."""
 
-    detach_grace_s: float = 5.0  # default grace when a request does not set its own
+    default_detach_grace_s: float = 5.0  # for starts that carry no detach_grace_ms
     max_detach_grace_s: float = 60.0  # cap on a request's own detach_grace_ms
     retention_s: float = 60.0  # how long an ended generation stays resumable
     max_bytes: int = 256 * 1024 * 1024  # replay log cap (approximate bytes)
@@ -135,13 +137,18 @@ class WorkerConfig:
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     log_level: str = "info"
+    # Event loop, as uvicorn's --loop: uvloop when installed (cheaper per message), else
+    # asyncio's own.
+    loop: str = "auto"
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="model_service", description="Sluice model worker (gRPC).")
     d = WorkerConfig()
-    p.add_argument("--engine", default=d.engine.engine, help="engine: sim or vllm")
-    p.add_argument("--model", default=d.engine.model, help="model directory (vllm)")
+    p.add_argument(
+        "--engine", default=d.engine.engine, help="engine: vllm (default) or sim (simulated)"
+    )
+    p.add_argument("--model", default=d.engine.model, help="model directory (vllm: required)")
     p.add_argument("--served-model-name", default="", help="model name clients use")
     p.add_argument("--model-version", default="", help="version label for routing")
     p.add_argument("--host", default=d.server.host)
@@ -165,10 +172,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-waiting", type=int, default=d.admission.max_waiting)
     p.add_argument("--default-max-tokens", type=int, default=d.engine.default_max_tokens)
     p.add_argument(
-        "--detach-grace",
+        "--default-detach-grace",
         type=float,
-        default=d.replay.detach_grace_s,
-        help="seconds a generation runs on after its consumer left (0 = abort at once)",
+        default=d.replay.default_detach_grace_s,
+        help="seconds a generation runs on after its consumer left, for starts without "
+        "their own detach_grace_ms (0 = abort at once)",
     )
     p.add_argument("--replay-retention", type=float, default=d.replay.retention_s, help="seconds")
     p.add_argument("--replay-max-mb", type=float, default=d.replay.max_bytes / 2**20)
@@ -192,6 +200,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="vLLM without torch.compile / CUDA graphs (default: on for CPU, off for GPU)",
     )
     p.add_argument("--log-level", default=d.log_level)
+    p.add_argument(
+        "--loop",
+        choices=LOOPS,
+        default=d.loop,
+        help="event loop: uvloop when installed (auto), or asyncio's",
+    )
     return p
 
 
@@ -237,9 +251,10 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
         limits=Limits(max_prompt_bytes=args.max_prompt_bytes),
         admission=AdmissionConfig(max_waiting=args.max_waiting),
         replay=ReplayConfig(
-            detach_grace_s=args.detach_grace,
+            default_detach_grace_s=args.default_detach_grace,
             retention_s=args.replay_retention,
             max_bytes=int(args.replay_max_mb * 2**20),
         ),
         log_level=args.log_level,
+        loop=args.loop,
     )

@@ -76,8 +76,11 @@ def tokenize_request_from_pb(t: pb.TokenizeRequest) -> GenerationRequest:
 
 
 def chunk_to_pb(request_id: str, index: int, out: EngineOutput) -> pb.GenerateResponse:
-    """A token delta as a response message."""
-    chunk = pb.TokenChunk(text=out.text, token_ids=out.token_ids)
+    """A token delta as a response message (filled in place: no nested copies)."""
+    msg = pb.GenerateResponse(request_id=request_id, index=index)
+    chunk = msg.chunk
+    chunk.text = out.text
+    chunk.token_ids.extend(out.token_ids)
     if out.logprobs:
         chunk.logprobs.extend(
             pb.TokenLogprob(
@@ -91,7 +94,7 @@ def chunk_to_pb(request_id: str, index: int, out: EngineOutput) -> pb.GenerateRe
             )
             for lp in out.logprobs
         )
-    return pb.GenerateResponse(request_id=request_id, index=index, chunk=chunk)
+    return msg
 
 
 def status_to_pb(err: SluiceError) -> pb.Status:
@@ -114,19 +117,18 @@ def final_to_pb(
     error: SluiceError | None = None,
 ) -> pb.GenerateResponse:
     """The last message of a generation. usage = (prompt, completion, cached)."""
-    final = pb.Final(
-        reason=FINISH_TO_PB[reason],
-        usage=pb.Usage(
-            prompt_tokens=usage[0], completion_tokens=usage[1], cached_prompt_tokens=usage[2]
-        ),
-        timing=pb.Timing(
-            queue_us=timing_us[0], time_to_first_token_us=timing_us[1], total_us=timing_us[2]
-        ),
-        stop_sequence=stop_sequence,
-    )
+    msg = pb.GenerateResponse(request_id=request_id, index=index)
+    final = msg.final
+    final.reason = FINISH_TO_PB[reason]
+    u = final.usage
+    u.prompt_tokens, u.completion_tokens, u.cached_prompt_tokens = usage
+    t = final.timing
+    t.queue_us, t.time_to_first_token_us, t.total_us = timing_us
+    if stop_sequence:
+        final.stop_sequence = stop_sequence
     if error is not None:
         final.error.CopyFrom(status_to_pb(error))
-    return pb.GenerateResponse(request_id=request_id, index=index, final=final)
+    return msg
 
 
 def model_info_to_pb(info: ModelInfo) -> pb.ModelInfo:

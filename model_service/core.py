@@ -1,5 +1,9 @@
 """What all streams of one worker share: engine, admission, limits, live generations,
-the replay store, the draining flag, and resume/detach counters."""
+the replay store, the draining flag, and resume/detach counters.
+
+The core owns its generations (it is their `Hooks`) and records their outcomes in the
+metrics; neither generations nor metrics know the core (the bootstrap wires them).
+"""
 
 from __future__ import annotations
 
@@ -16,9 +20,10 @@ from model_service.admission import Admission
 from model_service.config import WorkerConfig
 from model_service.engines.base import Engine
 from model_service.errors import NotFound, OutOfRange, SluiceError, Unavailable
-from model_service.generation import Generation
+from model_service.generation import Generation, Runtime
 from model_service.metrics import WorkerMetrics
 from model_service.replay import ReplayStore
+from model_service.types import WorkerFigures
 from model_service.validation import resolve_max_tokens, validate_request
 
 log = logging.getLogger("sluice.worker")
@@ -27,7 +32,9 @@ log = logging.getLogger("sluice.worker")
 class WorkerCore:
     """Shared state of one worker process."""
 
-    def __init__(self, engine: Engine, config: WorkerConfig) -> None:
+    def __init__(
+        self, engine: Engine, config: WorkerConfig, metrics: WorkerMetrics | None = None
+    ) -> None:
         self.engine = engine
         self.config = config
         self.admission = Admission(config.admission)
@@ -41,8 +48,8 @@ class WorkerCore:
         self._idle = asyncio.Event()
         self._idle.set()
         self._seq = 0
-        self.metrics = WorkerMetrics()
-        self.metrics.bind(self)
+        self.metrics = metrics if metrics is not None else WorkerMetrics()
+        self._runtime = Runtime(engine, self, self.metrics.itl)
         # Set by the server: called when the engine dies (health -> NOT_SERVING).
         self.on_engine_dead: Callable[[], None] | None = None
 
@@ -68,7 +75,14 @@ class WorkerCore:
             timeout = req.timeout_s
             if deadline_s is not None:
                 timeout = deadline_s if timeout is None else min(timeout, deadline_s)
-            gen = Generation(self, req, arrived, timeout, self._detach_grace(start))
+            gen = Generation(
+                self._runtime,
+                req,
+                engine_id=self.engine_id(req.request_id),
+                arrived=arrived,
+                timeout_s=timeout,
+                detach_grace_s=self._detach_grace(start),
+            )
             gen.stamp = start.stamp_times
             gen.trace_id = trace_id
             self.store.add(gen)
@@ -81,7 +95,7 @@ class WorkerCore:
         cfg = self.config.replay
         if start.HasField("detach_grace_ms"):
             return min(start.detach_grace_ms / 1000, cfg.max_detach_grace_s)
-        return cfg.detach_grace_s
+        return cfg.default_detach_grace_s
 
     def engine_id(self, request_id: str) -> str:
         """Engine-side id: unique even when a caller reuses a finished request id."""
@@ -105,8 +119,8 @@ class WorkerCore:
 
     def refused(self, err: SluiceError, request_id: str, trace_id: str = "") -> None:
         """A start that never became a generation."""
-        self.metrics.requests.labels(err.code.name).inc()
-        log.info(
+        self.metrics.refused(err.code.name)
+        log.debug(
             "generation refused: %s",
             err.message,
             extra={"request_id": request_id, "trace_id": trace_id, "code": err.code.name},
@@ -115,20 +129,36 @@ class WorkerCore:
     def finished(self, gen: Generation) -> None:
         """Called once by every launched generation as it ends."""
         summary = gen.summary()
-        m = self.metrics
-        m.requests.labels(summary["code"]).inc()
-        m.prompt_tokens.inc(summary["prompt_tokens"])
-        m.completion_tokens.inc(summary["completion_tokens"])
-        if summary["completion_tokens"]:
-            m.ttft.observe(summary["ttft_s"])
-        m.queue.observe(summary["queue_s"])
-        m.e2e.observe(summary["total_s"])
-        log.info("generation ended: %s", summary["reason"], extra=summary)
+        timing = (summary["queue_s"], summary["ttft_s"], summary["total_s"])
+        self.metrics.ended(
+            summary["code"], summary["prompt_tokens"], summary["completion_tokens"], timing
+        )
+        # Debug: a record per generation costs more than the rest of its bookkeeping.
+        log.debug("generation ended: %s", summary["reason"], extra=summary)
         self.live.discard(gen)
         self.admission.release()
         self.store.ended(gen)
         if not self.live:
             self._idle.set()
+
+    def detach_expired(self, wasted_tokens: int) -> None:
+        """A detached generation aborted after its grace, `wasted_tokens` unread."""
+        self.detach_expired_total += 1
+        self.wasted_tokens_total += wasted_tokens
+
+    def figures(self) -> WorkerFigures:
+        """Live state for the metrics, read at scrape time."""
+        return WorkerFigures(
+            ready=self.ready,
+            draining=self.draining,
+            engine=self.engine.stats() if self.ready else None,
+            in_flight=self.admission.in_flight,
+            replay_bytes=self.store.bytes(),
+            rejected_total=self.admission.rejected_total,
+            resumed_total=self.resumed_total,
+            detach_expired_total=self.detach_expired_total,
+            wasted_tokens_total=self.wasted_tokens_total,
+        )
 
     def find(self, request_id: str, from_index: int) -> Generation:
         """The generation to resume, or NotFound / OutOfRange."""

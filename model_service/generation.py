@@ -1,8 +1,16 @@
 """One generation: it runs in its own task, writes every message to its replay log, and
 any number of consumers follow that log (the original stream, later `Resume` calls).
 
+The log holds each message serialized, exactly once: the newest entry stays a message
+while no consumer has taken it (tokens that are ready together merge into it), and is
+serialized when a consumer takes it or when the next entry is appended. Consumers send
+those bytes as they are, the first time and on every replay.
+
 When the last consumer leaves before the end, the generation is detached: it keeps
 running for its grace period so that a `Resume` can pick it up, then aborts.
+
+A generation knows only what `Runtime` gives it (the engine, its owner's hooks, the
+inter-token histogram): it imports neither the worker core nor the metrics.
 """
 
 from __future__ import annotations
@@ -10,16 +18,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from generated import sluice_pb2 as pb
 from model_service import convert
+from model_service.engines.base import Engine
 from model_service.errors import DeadlineExceeded, EngineDead, EngineError, SluiceError
 from model_service.types import EngineOutput, FinishReason, GenerationRequest
-
-if TYPE_CHECKING:
-    from model_service.core import WorkerCore
 
 log = logging.getLogger("sluice.worker")
 
@@ -28,41 +35,69 @@ DETACH_EXPIRED = "detach-expired"
 # Python's cost of one stored entry beyond its serialized bytes (bytes header + list slot).
 ENTRY_OVERHEAD_BYTES = 41
 
+Listener = Callable[["Generation"], None]
+
+
+class Hooks(Protocol):
+    """What a generation reports to its owner (the worker core)."""
+
+    def finished(self, gen: Generation) -> None:
+        """Called once, as the generation ends (any reason)."""
+
+    def engine_died(self, err: SluiceError) -> None:
+        """The engine failed for good (EngineDead)."""
+
+    def detach_expired(self, wasted_tokens: int) -> None:
+        """A detached generation was aborted after its grace."""
+
+
+class Observer(Protocol):
+    def observe(self, value: float) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Runtime:
+    """What all generations of one worker share."""
+
+    engine: Engine
+    hooks: Hooks
+    itl: Observer  # inter-token gaps, seconds (lock-free: observed per token chunk)
+
 
 class Generation:
     """One request on the engine and its replay log."""
 
     def __init__(
         self,
-        core: WorkerCore,
+        rt: Runtime,
         request: GenerationRequest,
+        *,
+        engine_id: str,
         arrived: float,
         timeout_s: float | None,
         detach_grace_s: float,
     ) -> None:
-        self.core = core
+        self._rt = rt
         self.request = request
         self.request_id = request.request_id
+        self.engine_id = engine_id  # unique even when a caller reuses a finished id
         self.arrived = arrived
         self.timeout_s = timeout_s
         self.detach_grace_s = detach_grace_s
         self.stamp = False
         self.trace_id = ""
         self.task: asyncio.Task[None] | None = None
-        # Serialized messages, except the newest, which stays a message while tokens may
-        # still merge into it: protobuf objects cost ~10x their wire size in memory.
+        # Serialized messages, except the newest while no consumer has taken it (it may
+        # still grow): protobuf objects cost ~10x their wire size in memory.
         self.log: list[pb.GenerateResponse | bytes] = []
         self.log_bytes = 0  # of the serialized entries (what the replay cap counts)
         self.ended = False
-        self.error: SluiceError | None = None
+        self.error: SluiceError | None = None  # set before the final message is logged
         self.subscribers = 0
-        self._changed = asyncio.Event()
-        self._waited = False
-        self._taken = -1  # highest log index any consumer has taken (immutable from then)
-        # Text merged into the untaken tail chunk, joined once when it is taken or frozen:
-        # `chunk.text += part` copies the whole string each time (quadratic for a client
-        # that stops reading while the engine runs on).
-        self._tail_text: list[str] = []
+        self._loop = asyncio.get_running_loop()
+        self._waiters: list[asyncio.Future[None]] = []  # of consumers waiting for a change
+        self._listeners: list[Listener] = []
+        self._tail_text: list[str] = []  # text merged into the newest entry, not yet in it
         self._detach_timer: asyncio.TimerHandle | None = None
         self._tokens_at_detach = 0
         self._cancel_reason: str | SluiceError | None = None
@@ -82,49 +117,58 @@ class Generation:
 
     # -- consumers ---------------------------------------------------------------------
 
-    async def follow(self, from_index: int = 0) -> AsyncGenerator[pb.GenerateResponse, None]:
-        """Messages from `from_index` on, live until the final one. Use with `aclosing`."""
+    def attach(self, listener: Listener | None = None) -> None:
+        """A consumer starts following (a detached generation is picked up again).
+        `listener(gen)` is called on every change, for consumers of many generations."""
         self.subscribers += 1
+        if listener is not None:
+            self._listeners.append(listener)
         if self._detach_timer is not None:
             self._detach_timer.cancel()
             self._detach_timer = None
-        i = from_index
-        log = self.log
-        try:
-            while True:
-                changed = self._changed
-                while i < len(log):
-                    if i > self._taken:
-                        self._taken = i  # from now on this message is immutable
-                        if self._tail_text and i == len(log) - 1:
-                            self._settle_tail()
-                    entry = log[i]
-                    if isinstance(entry, bytes):
-                        entry = pb.GenerateResponse.FromString(entry)  # a replay
-                    yield entry
-                    i += 1
-                if self.ended:
-                    return
-                self._waited = True
-                await changed.wait()
-        finally:
-            self.subscribers -= 1
-            if self.subscribers == 0 and not self.ended:
-                self._detached()
+
+    def release(self, listener: Listener | None = None) -> None:
+        """A consumer stops following; the last one leaving before the end detaches."""
+        self.subscribers -= 1
+        if listener is not None:
+            self._listeners.remove(listener)
+        if self.subscribers == 0 and not self.ended:
+            self._detached()
+
+    def take(self, i: int) -> bytes:
+        """Entry `i` serialized; from now on nothing merges into it."""
+        entry = self.log[i]
+        if type(entry) is bytes:
+            return entry
+        return self._freeze(i)
+
+    def changed(self) -> asyncio.Future[None]:
+        """Resolved at the next change (a new entry or the end). One per waiting consumer:
+        a consumer cancelled while it waits cancels its own future, nobody else's."""
+        fut = self._loop.create_future()
+        self._waiters.append(fut)
+        return fut
+
+    def _wake(self) -> None:
+        if self._waiters:
+            waiters, self._waiters = self._waiters, []
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
+        for listener in self._listeners:
+            listener(self)
 
     def _detached(self) -> None:
         if self.detach_grace_s <= 0:
             self.cancel(DETACH_EXPIRED)
             return
         self._tokens_at_detach = self._completion_tokens
-        loop = asyncio.get_running_loop()
-        self._detach_timer = loop.call_later(self.detach_grace_s, self._detach_expired)
+        self._detach_timer = self._loop.call_later(self.detach_grace_s, self._detach_expired)
 
     def _detach_expired(self) -> None:
         self._detach_timer = None
         if self.subscribers == 0 and not self.ended:
-            self.core.detach_expired_total += 1
-            self.core.wasted_tokens_total += self._completion_tokens - self._tokens_at_detach
+            self._rt.hooks.detach_expired(self._completion_tokens - self._tokens_at_detach)
             self.cancel(DETACH_EXPIRED)
 
     def cancel(self, reason: str | SluiceError) -> None:
@@ -142,7 +186,7 @@ class Generation:
             self.task.cancel()
 
     def detach_if_unfollowed(self) -> None:
-        """Detach a generation that no consumer ever followed (see `stream.py`)."""
+        """Detach a generation that no consumer ever attached to."""
         if (
             self.subscribers == 0
             and not self.ended
@@ -153,49 +197,39 @@ class Generation:
 
     # -- producing ---------------------------------------------------------------------
 
-    def _settle_tail(self) -> None:
-        tail = self.log[-1]
-        assert isinstance(tail, pb.GenerateResponse)
-        tail.chunk.text += "".join(self._tail_text)
-        self._tail_text = []
-
-    def _freeze_tail(self) -> None:
-        """Store the newest entry serialized: nothing will merge into it any more."""
-        if self._tail_text:
-            self._settle_tail()
-        if self.log and not isinstance(tail := self.log[-1], bytes):
-            raw = tail.SerializeToString()
-            self.log[-1] = raw
-            self.log_bytes += len(raw) + ENTRY_OVERHEAD_BYTES
+    def _freeze(self, i: int) -> bytes:
+        if self._tail_text:  # only the newest entry is ever unfrozen, so this is it
+            self.log[i].chunk.text += "".join(self._tail_text)  # type: ignore[union-attr]
+            self._tail_text = []
+        raw: bytes = self.log[i].SerializeToString()  # type: ignore[union-attr]
+        self.log[i] = raw
+        self.log_bytes += len(raw) + ENTRY_OVERHEAD_BYTES
+        return raw
 
     def _append(self, msg: pb.GenerateResponse) -> None:
         if self.stamp:
             msg.worker_time_ns = time.time_ns()
-        self._freeze_tail()
-        self.log.append(msg)
+        log = self.log
+        if log and type(log[-1]) is not bytes:
+            self._freeze(len(log) - 1)  # nothing merges into it any more
+        log.append(msg)
         self._wake()
 
     def _append_tokens(self, out: EngineOutput) -> None:
         """Add a token delta: merged into the last chunk while no consumer has taken it
-        (tokens that are ready together travel in one message), else a new chunk."""
-        last = len(self.log) - 1
-        tail = self.log[-1] if self.log else None
-        if (
-            last > self._taken
-            and isinstance(tail, pb.GenerateResponse)
-            and tail.HasField("chunk")
-            and not out.logprobs
-        ):
-            self._tail_text.append(out.text)
-            tail.chunk.token_ids.extend(out.token_ids)
-            return
-        self._append(convert.chunk_to_pb(self.request_id, len(self.log), out))
+        (tokens that are ready together travel in one message), else a new chunk.
 
-    def _wake(self) -> None:
-        if self._waited:  # only pay for a new Event when a consumer waits on this one
-            self._waited = False
-            changed, self._changed = self._changed, asyncio.Event()
-            changed.set()
+        A merge wakes nobody: no consumer waits on an entry it has not taken yet."""
+        log = self.log
+        if log and not out.logprobs:
+            tail = log[-1]
+            if type(tail) is not bytes and tail.HasField("chunk"):  # type: ignore[union-attr]
+                # Joined once, when the entry is frozen: `chunk.text += part` copies the
+                # whole text each time, quadratic for a client that stopped reading.
+                self._tail_text.append(out.text)
+                tail.chunk.token_ids.extend(out.token_ids)  # type: ignore[union-attr]
+                return
+        self._append(convert.chunk_to_pb(self.request_id, len(log), out))
 
     def summary(self) -> dict[str, Any]:
         """The generation's outcome, for metrics and the per-request log record."""
@@ -232,17 +266,12 @@ class Generation:
     ) -> None:
         self._reason = reason
         usage = (self._prompt_tokens, self._completion_tokens, self._cached_tokens)
-        self._append(
-            convert.final_to_pb(
-                self.request_id,
-                self.index,
-                reason,
-                usage,
-                self._timing_us(),
-                stop_sequence=stop,
-                error=error,
-            )
+        timing = self._timing_us()
+        msg = convert.final_to_pb(
+            self.request_id, self.index, reason, usage, timing, stop_sequence=stop, error=error
         )
+        self._append(msg)
+        self._freeze(len(self.log) - 1)  # a final never grows
 
     async def run(self) -> None:
         """Drive the engine to the end; every outcome ends the log with a final message."""
@@ -254,57 +283,54 @@ class Generation:
             self.error = err
             self._final(FinishReason.ERROR, error=err)
             if isinstance(err, EngineDead):
-                self.core.engine_died(err)
+                self._rt.hooks.engine_died(err)
         except asyncio.CancelledError:
             # Cancelled from outside the known reasons (worker stopping): record and end.
             self.error = EngineError("generation cancelled by the worker")
             self._final(FinishReason.ERROR, error=self.error)
         finally:
-            self._freeze_tail()
+            if self.log and type(self.log[-1]) is not bytes:
+                self._freeze(len(self.log) - 1)
             # The log is all that resumes need; drop the prompt (it can be large and the
             # replay cap does not count it).
             self.request.prompt = self.request.messages = self.request.prompt_token_ids = None
             self.ended = True
-            self._changed.set()
+            self._wake()
             if self._detach_timer is not None:
                 self._detach_timer.cancel()
-            self.core.finished(self)
+            self._rt.hooks.finished(self)
 
     async def _drive(self) -> tuple[FinishReason, str]:
         """The engine loop: returns (finish reason, stop string) or raises SluiceError."""
         if self._cancel_reason is not None:  # cancelled before it started
             return self._cancelled()
-        engine = self.core.engine
-        engine_id = self.core.engine_id(self.request_id)
-        itl = self.core.metrics.itl
-        self.request.request_id = engine_id
-        outputs = engine.generate(self.request)
+        itl = self._rt.itl
+        deadline = None
+        if self.timeout_s is not None:  # one timer, and only for generations with a deadline
+            deadline = self._loop.call_later(self.timeout_s, self._deadline_passed)
+        self.request.request_id = self.engine_id
+        outputs = self._rt.engine.generate(self.request)
         finished = False
         try:
-            async with asyncio.timeout(self.timeout_s):
-                async for out in outputs:
-                    if out.scheduled_at is not None:
-                        self._scheduled_at = out.scheduled_at
-                    self._completion_tokens = out.completion_tokens
-                    self._prompt_tokens = out.prompt_tokens or self._prompt_tokens
-                    self._cached_tokens = out.cached_prompt_tokens
-                    if out.text or out.token_ids:
-                        now = time.monotonic()
-                        if self._first_token_at is None:
-                            self._first_token_at = now
-                        else:
-                            itl.observe(now - self._last_token_at)
-                        self._last_token_at = now
-                        self._append_tokens(out)
-                    if out.finish_reason is not None:
-                        finished = True
-                        return out.finish_reason, out.stop_sequence
+            async for out in outputs:
+                if out.scheduled_at is not None:
+                    self._scheduled_at = out.scheduled_at
+                self._completion_tokens = out.completion_tokens
+                self._prompt_tokens = out.prompt_tokens or self._prompt_tokens
+                self._cached_tokens = out.cached_prompt_tokens
+                if out.text or out.token_ids:
+                    now = time.monotonic()
+                    if self._first_token_at is None:
+                        self._first_token_at = now
+                    else:
+                        itl.observe(now - self._last_token_at)
+                    self._last_token_at = now
+                    self._append_tokens(out)
+                if out.finish_reason is not None:
+                    finished = True
+                    return out.finish_reason, out.stop_sequence
             # The engine ended the stream without a finish: aborted from outside.
             return self._cancelled()
-        except TimeoutError:
-            raise DeadlineExceeded(
-                f"generation exceeded its deadline of {self.timeout_s:.3f}s"
-            ) from None
         except asyncio.CancelledError:
             if self._cancel_reason is None:
                 raise
@@ -312,17 +338,24 @@ class Generation:
         except SluiceError:
             raise
         except Exception as exc:
-            log.exception("engine failure in %s", engine_id)
+            log.exception("engine failure in %s", self.engine_id)
             raise EngineError(f"engine failure: {type(exc).__name__}") from exc
         finally:
+            if deadline is not None:
+                deadline.cancel()
             self.request.request_id = self.request_id
-            # Shielded: freeing the engine's slot and KV cache must complete.
-            await asyncio.shield(self._release_engine(outputs, engine_id, finished))
+            if finished:
+                await outputs.aclose()  # type: ignore[attr-defined]  # the engine ended it
+            else:
+                # Shielded: freeing the engine's slot and KV cache must complete.
+                await asyncio.shield(self._abort_engine(outputs))
 
-    async def _release_engine(self, outputs: Any, engine_id: str, finished: bool) -> None:
-        await outputs.aclose()
-        if not finished:
-            await self.core.engine.abort(engine_id)
+    def _deadline_passed(self) -> None:
+        self.cancel(DeadlineExceeded(f"generation exceeded its deadline of {self.timeout_s:.3f}s"))
+
+    async def _abort_engine(self, outputs: AsyncIterator[EngineOutput]) -> None:
+        await outputs.aclose()  # type: ignore[attr-defined]
+        await self._rt.engine.abort(self.engine_id)
 
     def _cancelled(self) -> tuple[FinishReason, str]:
         reason = self._cancel_reason

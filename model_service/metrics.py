@@ -1,22 +1,44 @@
 """Prometheus metrics of the worker, on their own HTTP port (`--metrics-port`).
 
-Counters and histograms are updated as generations end (one observation per token for
-inter-token latency); gauges of engine load are read from the engine at scrape time, so
-the hot path pays nothing for them.
+Names (all `sluice_worker_*`; the Prometheus text format adds `_total`, `_bucket`...):
+
+| name | type | meaning |
+| --- | --- | --- |
+| `requests{code}` | counter | generations by final gRPC status code (refusals included) |
+| `prompt_tokens`, `generation_tokens` | counter | prompt tokens processed, tokens generated |
+| `time_to_first_token_seconds` | histogram | arrival to the first token, per generation |
+| `inter_token_latency_seconds` | histogram | time between token chunks from the engine |
+| `queue_time_seconds` | histogram | arrival to the start of prefill |
+| `request_duration_seconds` | histogram | arrival to the final message |
+| `running_requests`, `waiting_requests`, `kv_cache_usage_ratio` | gauge | engine load |
+| `in_flight_requests`, `replay_bytes`, `draining`, `ready` | gauge | worker state |
+| `admission_rejections`, `resumes`, `detach_expired`, `wasted_tokens` | counter | worker totals |
+| `spec_draft_tokens`, `spec_accepted_tokens` | counter | speculative decoding (vLLM) |
+
+The figures the hot path updates (per token chunk, per generation) are plain numbers and
+lock-free histograms (`histogram.py`) owned here; the gauges and worker totals are read
+from a `WorkerFigures` snapshot (the core's) only when Prometheus scrapes. This module
+reads nothing else of the worker: the bootstrap passes the snapshot function.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
-if TYPE_CHECKING:
-    from model_service.core import WorkerCore
+from model_service.histogram import Histogram
+from model_service.types import WorkerFigures
 
+PREFIX = "sluice_worker_"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
 
@@ -25,45 +47,41 @@ class WorkerMetrics:
     """All worker metrics, in a registry of their own (tests may run several workers)."""
 
     def __init__(self) -> None:
+        self.requests: dict[str, int] = {}  # by final gRPC code name
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.ttft = Histogram(LATENCY_BUCKETS)
+        self.itl = Histogram(ITL_BUCKETS)  # observed by generations, per token chunk
+        self.queue = Histogram(LATENCY_BUCKETS)
+        self.e2e = Histogram(LATENCY_BUCKETS)
+        self.figures: Callable[[], WorkerFigures] | None = None
         self.registry = CollectorRegistry()
-        r = self.registry
-        self.requests = Counter(
-            "sluice_worker_requests", "Generations by final gRPC status code", ["code"], registry=r
-        )
-        self.ttft = Histogram(
-            "sluice_worker_time_to_first_token_seconds",
-            "Arrival to first token",
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.itl = Histogram(
-            "sluice_worker_inter_token_latency_seconds",
-            "Time between token chunks",
-            buckets=ITL_BUCKETS,
-            registry=r,
-        )
-        self.queue = Histogram(
-            "sluice_worker_queue_time_seconds",
-            "Arrival to the start of prefill",
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.e2e = Histogram(
-            "sluice_worker_request_duration_seconds",
-            "Arrival to the final message",
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.prompt_tokens = Counter(
-            "sluice_worker_prompt_tokens", "Prompt tokens processed", registry=r
-        )
-        self.completion_tokens = Counter(
-            "sluice_worker_generation_tokens", "Tokens generated", registry=r
-        )
+        self.registry.register(_Collector(self))
 
-    def bind(self, core: WorkerCore) -> None:
-        """Expose the core's live figures, read at scrape time."""
-        self.registry.register(_CoreCollector(core))
+    def refused(self, code: str) -> None:
+        """A start that never became a generation."""
+        self.requests[code] = self.requests.get(code, 0) + 1
+
+    def ended(
+        self,
+        code: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        timing_s: tuple[float, float, float],
+    ) -> None:
+        """A generation ended; timing_s = (queue, time to first token, total)."""
+        self.requests[code] = self.requests.get(code, 0) + 1
+        self.prompt_tokens += prompt_tokens
+        self.completion_tokens += completion_tokens
+        queue_s, ttft_s, total_s = timing_s
+        if completion_tokens:
+            self.ttft.observe(ttft_s)
+        self.queue.observe(queue_s)
+        self.e2e.observe(total_s)
+
+    def watch(self, figures: Callable[[], WorkerFigures]) -> None:
+        """Report the gauges and totals of `figures()`, called at scrape time."""
+        self.figures = figures
 
     def serve(self, host: str, port: int) -> int:
         """Serve /metrics in a background thread; returns the bound port."""
@@ -71,58 +89,72 @@ class WorkerMetrics:
         return int(httpd.server_port)
 
 
-class _CoreCollector(Collector):
-    def __init__(self, core: WorkerCore) -> None:
-        self.core = core
+def _histogram(name: str, doc: str, h: Histogram) -> HistogramMetricFamily:
+    buckets, total = h.cumulative()
+    return HistogramMetricFamily(
+        PREFIX + name,
+        doc,
+        buckets=[(floatToGoString(bound), n) for bound, n in buckets],
+        sum_value=total,
+    )
 
-    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        core = self.core
-        stats = core.engine.stats() if core.ready else None
-        gauges = {
-            "sluice_worker_running_requests": (
-                "Generations being decoded",
-                stats and stats.running,
-            ),
-            "sluice_worker_waiting_requests": (
-                "Generations waiting for a slot",
-                stats and stats.waiting,
-            ),
-            "sluice_worker_kv_cache_usage_ratio": (
-                "KV cache in use, 0..1",
-                stats and stats.kv_cache_usage,
-            ),
-            "sluice_worker_in_flight_requests": ("Admitted generations", core.admission.in_flight),
-            "sluice_worker_replay_bytes": ("Approximate replay log size", core.store.bytes()),
-            "sluice_worker_draining": ("1 while draining", int(core.draining)),
-            "sluice_worker_ready": ("1 once the engine is ready", int(core.ready)),
-        }
-        for name, (doc, value) in gauges.items():
-            yield GaugeMetricFamily(name, doc, value=float(value or 0))
-        counters = {
-            "sluice_worker_admission_rejections": (
-                "Generations refused for overload",
-                core.admission.rejected_total,
-            ),
-            "sluice_worker_resumes": ("Resume calls attached to a generation", core.resumed_total),
-            "sluice_worker_detach_expired": (
-                "Detached generations aborted after grace",
-                core.detach_expired_total,
-            ),
-            "sluice_worker_wasted_tokens": (
-                "Tokens generated while detached, never received",
-                core.wasted_tokens_total,
-            ),
-        }
-        for name, (doc, value) in counters.items():
-            yield CounterMetricFamily(name, doc, value=float(value))
-        if stats is not None and stats.spec_draft_tokens:
-            yield CounterMetricFamily(
-                "sluice_worker_spec_draft_tokens",
-                "Speculative draft tokens",
-                value=stats.spec_draft_tokens,
-            )
-            yield CounterMetricFamily(
-                "sluice_worker_spec_accepted_tokens",
-                "Accepted draft tokens",
-                value=stats.spec_accepted_tokens,
-            )
+
+class _Collector(Collector):
+    def __init__(self, metrics: WorkerMetrics) -> None:
+        self.m = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        m = self.m
+        requests = CounterMetricFamily(
+            PREFIX + "requests", "Generations by final gRPC status code", labels=["code"]
+        )
+        for code, n in sorted(m.requests.items()):
+            requests.add_metric([code], n)
+        yield requests
+        yield CounterMetricFamily(
+            PREFIX + "prompt_tokens", "Prompt tokens processed", value=m.prompt_tokens
+        )
+        yield CounterMetricFamily(
+            PREFIX + "generation_tokens", "Tokens generated", value=m.completion_tokens
+        )
+        yield _histogram("time_to_first_token_seconds", "Arrival to first token", m.ttft)
+        yield _histogram("inter_token_latency_seconds", "Time between token chunks", m.itl)
+        yield _histogram("queue_time_seconds", "Arrival to the start of prefill", m.queue)
+        yield _histogram("request_duration_seconds", "Arrival to the final message", m.e2e)
+        if m.figures is not None:
+            yield from _live(m.figures())
+
+
+def _live(f: WorkerFigures) -> Iterator[Metric]:
+    stats = f.engine
+    gauges = {
+        "running_requests": ("Generations being decoded", stats and stats.running),
+        "waiting_requests": ("Generations waiting for a slot", stats and stats.waiting),
+        "kv_cache_usage_ratio": ("KV cache in use, 0..1", stats and stats.kv_cache_usage),
+        "in_flight_requests": ("Admitted generations", f.in_flight),
+        "replay_bytes": ("Approximate replay log size", f.replay_bytes),
+        "draining": ("1 while draining", int(f.draining)),
+        "ready": ("1 once the engine is ready", int(f.ready)),
+    }
+    for name, (doc, value) in gauges.items():
+        yield GaugeMetricFamily(PREFIX + name, doc, value=float(value or 0))
+    counters = {
+        "admission_rejections": ("Generations refused for overload", f.rejected_total),
+        "resumes": ("Resume calls attached to a generation", f.resumed_total),
+        "detach_expired": ("Detached generations aborted after grace", f.detach_expired_total),
+        "wasted_tokens": (
+            "Tokens generated while detached, never received",
+            f.wasted_tokens_total,
+        ),
+    }
+    for name, (doc, value) in counters.items():
+        yield CounterMetricFamily(PREFIX + name, doc, value=float(value))
+    if stats is not None and stats.spec_draft_tokens:
+        yield CounterMetricFamily(
+            PREFIX + "spec_draft_tokens", "Speculative draft tokens", value=stats.spec_draft_tokens
+        )
+        yield CounterMetricFamily(
+            PREFIX + "spec_accepted_tokens",
+            "Accepted draft tokens",
+            value=stats.spec_accepted_tokens,
+        )

@@ -1,4 +1,5 @@
-"""Worker bootstrap: wires engine, servicer, health and reflection; shuts down in order.
+"""Worker bootstrap: wires engine, metrics, core, servicer, health and reflection; shuts
+down in order.
 
 Shutdown order (SIGTERM or SIGINT):
 1. mark NOT_SERVING (Watch streams tell routers at once) and refuse new generations
@@ -19,19 +20,17 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
-from generated import sluice_pb2 as pb
-from generated import sluice_pb2_grpc as pb_grpc
+from model_service import reflection
 from model_service.config import ServerConfig, WorkerConfig
 from model_service.core import WorkerCore
 from model_service.engines import load_engine
 from model_service.errors import Unavailable
-from model_service.servicer import GenerationServicer
+from model_service.metrics import WorkerMetrics
+from model_service.servicer import SERVICE_NAME, GenerationServicer, add_to_server
 
 log = logging.getLogger("sluice.worker")
 
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Generation"].full_name
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 FINAL_FLUSH_S = 1.0
@@ -43,7 +42,9 @@ class Worker:
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
         self.engine = load_engine(config.engine)
-        self.core = WorkerCore(self.engine, config)
+        self.metrics = WorkerMetrics()
+        self.core = WorkerCore(self.engine, config, self.metrics)
+        self.metrics.watch(self.core.figures)
         self.server = grpc.aio.server(options=config.server.grpc_options())
         self.health = health.aio.HealthServicer()
         self.port = 0
@@ -53,11 +54,9 @@ class Worker:
         self._health_task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self.core.on_engine_dead = self._engine_dead
-        pb_grpc.add_GenerationServicer_to_server(GenerationServicer(self.core), self.server)
+        add_to_server(GenerationServicer(self.core), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
-        )
+        reflection.enable((SERVICE_NAME, health.SERVICE_NAME), self.server)
 
     async def _set_health(self, status: int) -> None:
         for name in ("", SERVICE_NAME):
@@ -80,7 +79,7 @@ class Worker:
             self.health_port = self.health_server.add_insecure_port(f"{cfg.host}:{cfg.health_port}")
             await self.health_server.start()
         if cfg.metrics_port is not None:
-            self.metrics_port = self.core.metrics.serve(cfg.host, cfg.metrics_port)
+            self.metrics_port = self.metrics.serve(cfg.host, cfg.metrics_port)
         tls = "mTLS" if cfg.tls_client_ca else "TLS" if creds else "plaintext"
         log.info(
             "listening on %s:%d (%s; NOT_SERVING until the engine is ready)",

@@ -1,9 +1,14 @@
-"""The `sluice.v1.Generation` servicer: a translator between protobuf and the worker core."""
+"""The `sluice.v1.Generation` servicer: a translator between protobuf and the worker core.
+
+`Generate` and `Resume` use grpc's reader/writer API and send bytes: each message is
+serialized once, by its generation, into the replay log, and every consumer (the first
+stream, each replay) writes those bytes as they are. `add_to_server` registers them
+without a response serializer; the other RPCs are registered as the generated code does.
+"""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import aclosing
 
 import grpc
 
@@ -13,9 +18,11 @@ from model_service import convert
 from model_service.core import WorkerCore
 from model_service.errors import SluiceError, Unavailable
 from model_service.status import abort_with
-from model_service.stream import ACCEPTED_KEY, GenerateStream, follow_simple
+from model_service.stream import ACCEPTED_KEY, GenerateStream, send_log
 from model_service.types import EngineStats
 from model_service.validation import validate_request
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Generation"].full_name
 
 
 class GenerationServicer(pb_grpc.GenerationServicer):
@@ -26,21 +33,23 @@ class GenerationServicer(pb_grpc.GenerationServicer):
 
     async def Generate(
         self, request_iterator: AsyncIterator[pb.GenerateRequest], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.GenerateResponse]:
-        async for msg in GenerateStream(self.core, request_iterator, context).responses():
-            yield msg
+    ) -> None:
+        # The requests are read with `context.read()` (one hop less than the iterator).
+        await GenerateStream(self.core, context).run()
 
-    async def Resume(
-        self, request: pb.ResumeRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.GenerateResponse]:
+    async def Resume(self, request: pb.ResumeRequest, context: grpc.aio.ServicerContext) -> None:
         try:
             gen = self.core.find(request.request_id, request.from_index)
-            await context.send_initial_metadata(((ACCEPTED_KEY, gen.request_id),))
-            async with aclosing(follow_simple(gen, request.from_index)) as msgs:
-                async for msg in msgs:
-                    yield msg
         except SluiceError as err:
             await abort_with(context, err)
+        gen.attach()
+        try:
+            await context.send_initial_metadata(((ACCEPTED_KEY, gen.request_id),))
+            await send_log(gen, request.from_index, context)
+        except SluiceError as err:
+            await abort_with(context, err)
+        finally:
+            gen.release()
 
     async def ListModels(
         self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
@@ -88,3 +97,41 @@ class GenerationServicer(pb_grpc.GenerationServicer):
     async def _require_ready(self, context: grpc.aio.ServicerContext) -> None:
         if not self.core.ready:
             await abort_with(context, Unavailable("engine is not ready yet"))
+
+
+def method_handlers(servicer: GenerationServicer) -> dict[str, grpc.RpcMethodHandler]:
+    """The service's handlers: `Generate` and `Resume` write bytes (no serializer)."""
+    return {
+        "Generate": grpc.stream_stream_rpc_method_handler(
+            servicer.Generate,
+            request_deserializer=pb.GenerateRequest.FromString,
+            response_serializer=None,
+        ),
+        "Resume": grpc.unary_stream_rpc_method_handler(
+            servicer.Resume,
+            request_deserializer=pb.ResumeRequest.FromString,
+            response_serializer=None,
+        ),
+        "ListModels": grpc.unary_unary_rpc_method_handler(
+            servicer.ListModels,
+            request_deserializer=pb.ListModelsRequest.FromString,
+            response_serializer=pb.ListModelsResponse.SerializeToString,
+        ),
+        "Tokenize": grpc.unary_unary_rpc_method_handler(
+            servicer.Tokenize,
+            request_deserializer=pb.TokenizeRequest.FromString,
+            response_serializer=pb.TokenizeResponse.SerializeToString,
+        ),
+        "GetStats": grpc.unary_unary_rpc_method_handler(
+            servicer.GetStats,
+            request_deserializer=pb.GetStatsRequest.FromString,
+            response_serializer=pb.WorkerStats.SerializeToString,
+        ),
+    }
+
+
+def add_to_server(servicer: GenerationServicer, server: grpc.aio.Server) -> None:
+    """Register the servicer (in place of `pb_grpc.add_GenerationServicer_to_server`)."""
+    handlers = method_handlers(servicer)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)

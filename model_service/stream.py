@@ -1,19 +1,26 @@
-"""The `Generate` bidi stream: reads client messages, starts generations, forwards their
-replay logs to the client.
+"""The consumers of generations' logs: the `Generate` RPC (simple or multiplexed) and
+`Resume` write the logs' entries, serialized once by the generation, as they are.
 
-Generations run in their own tasks (see `generation.py`); this stream is one consumer of
-each. One writer (the RPC's own coroutine) drains a bounded queue that per-generation
-forwarders fill, so writes never interleave. When the RPC ends early, the forwarders stop
-and each generation detaches (it may then be resumed, or it aborts after its grace).
+Generations run in their own tasks (see `generation.py`). An RPC's own coroutine is its
+only writer, and no generator sits between a log and the wire:
+
+- simple mode and `Resume` (`send_log`): the coroutine takes the generation's entries and
+  writes them; tokens produced while a write is in flight merge into one message. A
+  reader task watches the request stream meanwhile (`cancel`, mistakes), because a
+  consumer must notice a `cancel` while it waits on the engine.
+- multiplexed mode (`_Multiplexed`): a reader task starts generations; the coroutine
+  writes, in turn, what each of its generations has ready (they tell it through a
+  listener), so writes never interleave, with no task or queue per generation.
+
+When the RPC ends early, its generations detach (they may be resumed, or they abort after
+their grace).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import aclosing
-from dataclasses import dataclass
+from collections import deque
 
 import grpc
 
@@ -28,146 +35,81 @@ from model_service.types import FinishReason
 
 log = logging.getLogger("sluice.worker")
 
-# Small, so that a lagging multiplexed client leaves tokens in the generations' logs,
-# where they merge into fewer, larger messages.
-QUEUE_SIZE = 16
 ACCEPTED_KEY = "x-sluice-request-id"
-ERROR = pb.FINISH_REASON_ERROR
+EOF = grpc.aio.EOF
+NO_ACTION = "set `start` or `cancel`"
+ONE_GENERATION = "this stream carries one generation; set multiplexed=true on its first start"
+NO_USAGE = (0, 0, 0)
 
 
-@dataclass(slots=True)
-class _GenDone:
-    gen: Generation
-
-
-@dataclass(slots=True)
-class _Fatal:
-    error: SluiceError
-
-
-class _ReaderDone:
-    pass
-
-
-_READER_DONE = _ReaderDone()
-_Item = pb.GenerateResponse | Generation | _GenDone | _Fatal | _ReaderDone
-
-
-async def follow_simple(
-    gen: Generation, from_index: int
-) -> AsyncGenerator[pb.GenerateResponse, None]:
-    """A generation's messages for a one-generation consumer: a failure raises its error
-    (which becomes the RPC status) instead of arriving as an in-band final message."""
-    async with aclosing(gen.follow(from_index)) as msgs:
-        async for msg in msgs:
-            if msg.final.reason == ERROR and gen.error is not None:
+async def send_log(gen: Generation, i: int, context: grpc.aio.ServicerContext) -> None:
+    """Write `gen`'s log from index `i` on, live until its final message, for a consumer
+    of one generation (attached by the caller). A failed generation raises its error,
+    which becomes the RPC's status, instead of sending the in-band final."""
+    write = context.write
+    while True:
+        n = gen.index
+        while i < n:
+            if i == n - 1 and gen.ended and gen.error is not None:
                 raise gen.error
-            yield msg
+            await write(gen.take(i))
+            i += 1
+            n = gen.index
+        if gen.ended:
+            return
+        await gen.changed()
 
 
 class GenerateStream:
-    """State of one `Generate` RPC."""
+    """One `Generate` RPC; `run()` is its handler (grpc's reader/writer API)."""
 
-    def __init__(
-        self,
-        core: WorkerCore,
-        requests: AsyncIterator[pb.GenerateRequest],
-        context: grpc.aio.ServicerContext,
-    ) -> None:
+    def __init__(self, core: WorkerCore, context: grpc.aio.ServicerContext) -> None:
         self.core = core
-        self.requests = requests
         self.context = context
-        self.queue: asyncio.Queue[_Item] = asyncio.Queue(QUEUE_SIZE)
-        self.live: dict[str, Generation] = {}
-        self.forwarders: dict[Generation, asyncio.Task[None]] = {}
-        self.multiplexed: bool | None = None  # decided by the first start
         self.trace_id = trace_id(context.invocation_metadata())
         self.started = 0
 
-    async def responses(self) -> AsyncIterator[pb.GenerateResponse]:
-        """The RPC's response stream."""
-        reader = asyncio.create_task(self._read())
-        reader_done = False
-        try:
-            while True:
-                item = await self.queue.get()
-                if isinstance(item, pb.GenerateResponse):
-                    yield item
-                    continue
-                if isinstance(item, _Fatal):
-                    await abort_with(self.context, item.error)
-                if isinstance(item, Generation):
-                    # Simple mode: the writer follows the one generation's log itself, so
-                    # tokens produced while a write is in flight merge into one message.
-                    try:
-                        async with aclosing(follow_simple(item, 0)) as msgs:
-                            async for msg in msgs:
-                                yield msg
-                    except SluiceError as err:
-                        await abort_with(self.context, err)
-                    return
-                if isinstance(item, _ReaderDone):
-                    reader_done = True
-                elif isinstance(item, _GenDone):
-                    # Only if it is still this generation: a finished id may be reused.
-                    done, rid = item.gen, item.gen.request_id
-                    if self.live.get(rid) is done:
-                        del self.live[rid]
-                    self.forwarders.pop(done, None)
-                if reader_done and not self.live:
-                    if self.started == 0:
-                        await abort_with(
-                            self.context,
-                            InvalidArgument("start", "stream closed before any start message"),
-                        )
-                    return
-        finally:
-            reader.cancel()
-            tasks = list(self.forwarders.values())
-            for t in tasks:
-                t.cancel()  # the generations detach; they are not cancelled here
-            await asyncio.gather(reader, *tasks, return_exceptions=True)
-            # A generation whose consumer never got to follow it (the RPC ended between
-            # launch and the first read) detaches here, or it would run unwatched.
-            for gen in self.live.values():
-                gen.detach_if_unfollowed()
-
-    async def _read(self) -> None:
-        try:
-            async for msg in self.requests:
-                which = msg.WhichOneof("action")
-                if which == "start":
-                    await self._start(msg.start)
-                elif which == "cancel":
-                    gen = self.live.get(msg.cancel.request_id)
-                    if gen is not None:
-                        gen.cancel(CLIENT_CANCEL)
-                else:
-                    await self.queue.put(
-                        _Fatal(InvalidArgument("action", "set `start` or `cancel`"))
-                    )
-                    return
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # the transport failed; the writer side sees the RPC end
-            log.debug("request stream ended with an error", exc_info=True)
-        await self.queue.put(_READER_DONE)
-
-    async def _start(self, start: pb.StartGeneration) -> None:
-        if self.multiplexed is None:
-            self.multiplexed = start.multiplexed
-        elif not self.multiplexed:
-            second = FailedPrecondition(
-                "this stream carries one generation; set multiplexed=true on its first start"
-            )
-            for gen in self.live.values():
-                gen.cancel(second)
-            if not self.live:
-                await self.queue.put(_Fatal(second))
+    async def run(self) -> None:
+        start = await self._first_start()
+        if start.multiplexed:
+            await _Multiplexed(self).run(start)
             return
+        try:
+            gen = await self.prepare(start)
+        except SluiceError as err:
+            await abort_with(self.context, err)
+        gen.attach()
+        reader = asyncio.create_task(self._watch(gen))
+        try:
+            # Tells the caller the generation was accepted before any token exists: a
+            # caller may then drop the RPC and `Resume` later (within the detach grace).
+            await self.context.send_initial_metadata(((ACCEPTED_KEY, gen.request_id),))
+            await send_log(gen, 0, self.context)
+        except SluiceError as err:
+            await abort_with(self.context, err)
+        finally:
+            gen.release()
+            reader.cancel()  # not awaited: it ends at its next step, nothing to wait for
+
+    async def _first_start(self) -> pb.StartGeneration:
+        """Read up to the first start; a `cancel` before it names nothing yet."""
+        while True:
+            msg = await self.context.read()
+            if msg is EOF:
+                await abort_with(
+                    self.context, InvalidArgument("start", "stream closed before any start message")
+                )
+            which = msg.WhichOneof("action")
+            if which == "start":
+                return msg.start
+            if which != "cancel":
+                await abort_with(self.context, InvalidArgument("action", NO_ACTION))
+
+    async def prepare(self, start: pb.StartGeneration, *, full: bool = False) -> Generation:
+        """Prepare and launch one start; a refusal is counted, logged and raised."""
         self.started += 1
         try:
-            if len(self.live) >= self.core.config.limits.max_generations_per_stream:
+            if full:
                 raise FailedPrecondition("too many live generations on this stream")
             gen = await self.core.prepare(start, self.context.time_remaining(), self.trace_id)
         except Exception as exc:
@@ -178,30 +120,128 @@ class GenerateStream:
                 log.exception("preparing generation %r failed", start.request_id)
                 err = EngineError("the worker failed to start the generation")
             self.core.refused(err, start.request_id, self.trace_id)
-            await self._refuse(start.request_id, err)
+            raise err from None
+        self.core.launch(gen)
+        return gen
+
+    async def _watch(self, gen: Generation) -> None:
+        """Simple mode, after the start: `cancel` ends the generation; another start or
+        an unknown action ends it with that error (the RPC's status)."""
+        try:
+            while (msg := await self.context.read()) is not EOF:
+                which = msg.WhichOneof("action")
+                if which == "cancel":
+                    if msg.cancel.request_id == gen.request_id:
+                        gen.cancel(CLIENT_CANCEL)
+                elif which == "start":
+                    gen.cancel(FailedPrecondition(ONE_GENERATION))
+                else:
+                    gen.cancel(InvalidArgument("action", NO_ACTION))
+                    return
+        except Exception:  # the RPC ended or the transport failed: the writer sees it
+            log.debug("request stream ended with an error", exc_info=True)
+
+
+class _Multiplexed:
+    """Multiplexed mode: many generations on one RPC, written by one coroutine."""
+
+    def __init__(self, stream: GenerateStream) -> None:
+        self.stream = stream
+        self.context = stream.context
+        self.live: dict[str, Generation] = {}  # by request id, for `cancel`
+        self.cursors: dict[Generation, int] = {}  # followed generations: next index to send
+        self.ready: dict[Generation, None] = {}  # changed since last written (in order)
+        self.outbox: deque[bytes] = deque()  # in-band refusals
+        self.fatal: SluiceError | None = None
+        self.reader_done = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def _notify(self, gen: Generation | None = None) -> None:
+        if gen is not None:
+            self.ready[gen] = None
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def run(self, first: pb.StartGeneration) -> None:
+        reader = asyncio.create_task(self._read(first))
+        try:
+            await self._write()
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+            for gen in self.cursors:
+                gen.release(self._notify)  # they detach; they are not cancelled here
+
+    async def _write(self) -> None:
+        write = self.context.write
+        loop = asyncio.get_running_loop()
+        while True:
+            if self.fatal is not None:
+                await abort_with(self.context, self.fatal)
+            if self.outbox:
+                await write(self.outbox.popleft())
+            elif self.ready:
+                gen = next(iter(self.ready))
+                del self.ready[gen]
+                i = self.cursors[gen]
+                while i < gen.index:
+                    raw = gen.take(i)
+                    i += 1
+                    self.cursors[gen] = i
+                    await write(raw)
+                if gen.ended and i == gen.index:
+                    self._done(gen)
+            elif self.reader_done and not self.cursors:
+                return
+            else:
+                self._waiter = loop.create_future()
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
+
+    def _done(self, gen: Generation) -> None:
+        """Its final message is written: stop following it."""
+        del self.cursors[gen]
+        self.ready.pop(gen, None)
+        if self.live.get(gen.request_id) is gen:  # a finished id may be reused
+            del self.live[gen.request_id]
+        gen.release(self._notify)
+
+    async def _read(self, first: pb.StartGeneration) -> None:
+        try:
+            await self._start(first)
+            while (msg := await self.context.read()) is not EOF:
+                which = msg.WhichOneof("action")
+                if which == "start":
+                    await self._start(msg.start)
+                elif which == "cancel":
+                    gen = self.live.get(msg.cancel.request_id)
+                    if gen is not None:
+                        gen.cancel(CLIENT_CANCEL)
+                else:
+                    self.fatal = InvalidArgument("action", NO_ACTION)
+                    break
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the transport failed; the writer side sees the RPC end
+            log.debug("request stream ended with an error", exc_info=True)
+        self.reader_done = True
+        self._notify()
+
+    async def _start(self, start: pb.StartGeneration) -> None:
+        full = len(self.live) >= self.stream.core.config.limits.max_generations_per_stream
+        try:
+            gen = await self.stream.prepare(start, full=full)
+        except SluiceError as err:
+            final = convert.final_to_pb(
+                start.request_id, 0, FinishReason.ERROR, NO_USAGE, NO_USAGE, error=err
+            )
+            self.outbox.append(final.SerializeToString())
+            self._notify()
             return
         self.live[gen.request_id] = gen
-        self.core.launch(gen)
-        if self.multiplexed:
-            self.forwarders[gen] = asyncio.create_task(self._forward(gen))
-        else:
-            # Tells the caller the generation was accepted before any token exists: a
-            # caller may then drop the RPC and `Resume` later (within the detach grace).
-            await self.context.send_initial_metadata(((ACCEPTED_KEY, gen.request_id),))
-            await self.queue.put(gen)
-
-    async def _refuse(self, request_id: str, err: SluiceError) -> None:
-        """A start that never became a generation."""
-        if self.multiplexed:
-            zero = (0, 0, 0)
-            msg = convert.final_to_pb(request_id, 0, FinishReason.ERROR, zero, zero, error=err)
-            await self.queue.put(msg)
-        else:
-            await self.queue.put(_Fatal(err))
-
-    async def _forward(self, gen: Generation) -> None:
-        """Multiplexed mode: one generation's log into the shared writer queue."""
-        async with aclosing(gen.follow(0)) as msgs:
-            async for msg in msgs:
-                await self.queue.put(msg)
-        await self.queue.put(_GenDone(gen))
+        self.cursors[gen] = 0
+        gen.attach(self._notify)
+        self._notify(gen)

@@ -112,3 +112,18 @@ class EngineStats:
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
     extra: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class WorkerFigures:
+    """The worker's live state as metrics report it at scrape time."""
+
+    ready: bool
+    draining: bool
+    engine: EngineStats | None  # None while the engine is not ready
+    in_flight: int
+    replay_bytes: int
+    rejected_total: int
+    resumed_total: int
+    detach_expired_total: int
+    wasted_tokens_total: int

@@ -4,18 +4,25 @@ It is a real engine implementation for tests and overhead benchmarks, not a mock
 worker: a fixed number of batch slots, a FIFO waiting queue, a KV-token budget reserved at
 scheduling (prompt + max_tokens), configurable time to first token and per-token delay,
 deterministic output for a given prompt and seed, immediate slot release on abort.
+
+Decoding runs in steps, as a real engine's forward pass does: every `token_delay_s`, one
+timer gives every decoding sequence its next token (a sequence joins the batch's steps
+after its prefill). So the engine costs one timer per step, not one per token, and the
+worker sees the batch's tokens arrive together, as it does from vLLM. With a zero delay
+each sequence runs as fast as it can, yielding to the others every 16 tokens.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
-import random
+import os
 import re
 import time
 from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from model_service.engines.base import Engine
 from model_service.types import (
@@ -41,10 +48,12 @@ _WORD_RE = re.compile(r"\w+|[^\w\s]")
 
 def sim_tokenize(text: str) -> list[int]:
     """A stable word-level tokenizer: each word or punctuation mark is one token."""
-    return [
-        int.from_bytes(hashlib.blake2b(w.encode(), digest_size=2).digest())
-        for w in _WORD_RE.findall(text)
-    ]
+    return [_word_id(w) for w in _WORD_RE.findall(text)]
+
+
+@functools.lru_cache(maxsize=65536)
+def _word_id(word: str) -> int:
+    return int.from_bytes(hashlib.blake2b(word.encode(), digest_size=2).digest())
 
 
 def chat_template(messages: tuple[tuple[str, str], ...], add_generation_prompt: bool) -> str:
@@ -55,11 +64,28 @@ def chat_template(messages: tuple[tuple[str, str], ...], add_generation_prompt: 
     return "\n".join(lines)
 
 
-@dataclass(eq=False)
+class _Lcg:
+    """A 64-bit linear congruential generator (Knuth's MMIX constants): the sim's "sampler".
+    Seeding is free, unlike `random.Random`'s (5-11 µs a request)."""
+
+    __slots__ = ("state",)
+
+    def __init__(self, seed: int) -> None:
+        self.state = seed & _MASK64
+
+    def below(self, n: int) -> int:
+        self.state = (self.state * 6364136223846793005 + 1442695040888963407) & _MASK64
+        return (self.state >> 33) % n
+
+
+_MASK64 = (1 << 64) - 1
+
+
+@dataclass(eq=False, slots=True)
 class _SimRequest:
     request_id: str
     need_kv: int
-    scheduled: asyncio.Event = field(default_factory=asyncio.Event)
+    scheduled: asyncio.Future[None]
     aborted: bool = False
     running: bool = False
     scheduled_at: float | None = None
@@ -78,6 +104,10 @@ class SimEngine(Engine):
         self._running = 0
         self._kv_used = 0
         self._started = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stepping: list[asyncio.Future[None]] = []  # sequences waiting for the next step
+        self._step_timer: asyncio.TimerHandle | None = None
+        self._step_at = 0.0  # when the last decode step was due (loop clock)
         self._info = ModelInfo(
             id=config.model_name,
             max_model_len=config.max_model_len,
@@ -87,6 +117,7 @@ class SimEngine(Engine):
         )
 
     async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         if self._opts.startup_s > 0:
             await asyncio.sleep(self._opts.startup_s)
         self._started = True
@@ -123,7 +154,8 @@ class SimEngine(Engine):
         if req is not None and not req.aborted:
             req.aborted = True
             self._release(req)
-            req.scheduled.set()  # wake a waiter so its generator ends
+            if not req.scheduled.done():
+                req.scheduled.set_result(None)  # wake a waiter so its generator ends
 
     def _release(self, req: _SimRequest) -> None:
         if self._requests.pop(req.request_id, None) is None:
@@ -150,80 +182,95 @@ class SimEngine(Engine):
             head.scheduled_at = time.monotonic()
             self._running += 1
             self._kv_used += head.need_kv
-            head.scheduled.set()
+            if not head.scheduled.done():
+                head.scheduled.set_result(None)
 
-    def _rng(self, request: GenerationRequest, prompt_ids: list[int]) -> random.Random:
+    def _step(self) -> asyncio.Future[None]:
+        """The next decode step: one timer for all decoding sequences, `token_delay_s`
+        after the last step (a step starts at once after an idle spell)."""
+        assert self._loop is not None
+        fut = self._loop.create_future()
+        self._stepping.append(fut)
+        if self._step_timer is None:
+            delay = self._opts.token_delay_s
+            due = self._step_at + delay
+            now = self._loop.time()
+            self._step_at = due if due >= now else now + delay
+            self._step_timer = self._loop.call_at(self._step_at, self._stepped)
+        return fut
+
+    def _stepped(self) -> None:
+        self._step_timer = None
+        waiting, self._stepping = self._stepping, []
+        for fut in waiting:
+            if not fut.done():  # a sequence cancelled while waiting cancels its own future
+                fut.set_result(None)
+
+    def _sampler(self, request: GenerationRequest, prompt_ids: list[int]) -> _Lcg:
         sp = request.sampling
         if sp.temperature == 0:
             key = repr(prompt_ids)
         elif sp.seed is not None:
             key = f"{prompt_ids!r}/{sp.seed}/{sp.temperature}/{sp.top_p}/{sp.top_k}"
         else:
-            return random.Random()
-        return random.Random(hashlib.sha256(key.encode()).digest())
+            return _Lcg(int.from_bytes(os.urandom(8)))
+        return _Lcg(int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest()))
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
-        if not self._started:
+        if not self._started or self._loop is None:
             raise RuntimeError("engine not started")
         prompt_ids = request.prompt_token_ids
         if prompt_ids is None:
             prompt_ids = await self.tokenize(request)
         sp = request.sampling
         max_tokens = sp.max_tokens or self.config.default_max_tokens
-        req = _SimRequest(request.request_id, need_kv=len(prompt_ids) + max_tokens)
         if request.request_id in self._requests:
             raise ValueError(f"duplicate request id {request.request_id!r}")
+        req = _SimRequest(
+            request.request_id, len(prompt_ids) + max_tokens, self._loop.create_future()
+        )
         self._requests[request.request_id] = req
         self._waiting.append(req)
         self._schedule()
         try:
-            await req.scheduled.wait()
+            await req.scheduled
             if req.aborted:
                 return
-            async for out in self._decode(req, request, prompt_ids, max_tokens):
-                yield out
-                if req.aborted:
+            opts = self._opts
+            rng = self._sampler(request, prompt_ids)
+            answer_len = max(1, opts.answer_tokens + rng.below(9) - 4)
+            # Hold back text that could be the start of a stop string, as real engines do.
+            holdback = max((len(s) for s in sp.stop), default=1) - 1
+            text, emitted, n, prompt = "", 0, 0, len(prompt_ids)
+            await asyncio.sleep(opts.ttft_s)
+            while not req.aborted:
+                n += 1
+                if n > 1 and opts.token_delay_s > 0:
+                    await self._step()
+                    if req.aborted:
+                        return
+                elif n % 16 == 0:
+                    await asyncio.sleep(0)  # zero delay: still let other streams run
+                if n > answer_len and not sp.ignore_eos and n > sp.min_tokens:
+                    yield self._out(text[emitted:], [], prompt, n - 1, FinishReason.STOP, req)
+                    return
+                tid = rng.below(len(VOCAB))
+                text += " " + VOCAB[tid]
+                hit = _find_stop(text, sp.stop, emitted) if n > sp.min_tokens else None
+                if hit is not None:
+                    pos, stop = hit
+                    yield self._out(
+                        text[emitted:pos], [tid], prompt, n, FinishReason.STOP, req, stop
+                    )
+                    return
+                finish = FinishReason.LENGTH if n >= max_tokens else None
+                upto = len(text) if finish else max(emitted, len(text) - holdback)
+                yield self._out(text[emitted:upto], [tid], prompt, n, finish, req)
+                emitted = upto
+                if finish:
                     return
         finally:
             self._release(req)
-
-    async def _decode(
-        self, req: _SimRequest, request: GenerationRequest, prompt_ids: list[int], max_tokens: int
-    ) -> AsyncIterator[EngineOutput]:
-        sp = request.sampling
-        rng = self._rng(request, prompt_ids)
-        answer_len = max(1, self._opts.answer_tokens + rng.randint(-4, 4))
-        # Hold back text that could be the start of a stop string, as real engines do.
-        holdback = max((len(s) for s in sp.stop), default=1) - 1
-        text, emitted = "", 0
-        await asyncio.sleep(self._opts.ttft_s)
-        n = 0
-        while True:
-            if req.aborted:
-                return
-            n += 1
-            if n > 1 and self._opts.token_delay_s > 0:
-                await asyncio.sleep(self._opts.token_delay_s)
-            elif n % 16 == 0:
-                await asyncio.sleep(0)  # zero delay: still let other streams run
-            if n > answer_len and not sp.ignore_eos and n > sp.min_tokens:
-                yield self._out(text[emitted:], [], len(prompt_ids), n - 1, FinishReason.STOP, req)
-                return
-            tid = rng.randrange(len(VOCAB))
-            text += " " + VOCAB[tid]
-            hit = _find_stop(text, sp.stop, emitted) if n > sp.min_tokens else None
-            if hit is not None:
-                pos, stop = hit
-                yield self._out(
-                    text[emitted:pos], [tid], len(prompt_ids), n, FinishReason.STOP, req, stop
-                )
-                return
-            finish = FinishReason.LENGTH if n >= max_tokens else None
-            upto = len(text) if finish else max(emitted, len(text) - holdback)
-            yield self._out(text[emitted:upto], [tid], len(prompt_ids), n, finish, req)
-            emitted = upto
-            if finish:
-                return
 
     @staticmethod
     def _out(

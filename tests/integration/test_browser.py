@@ -48,7 +48,7 @@ def test_chat_page_survives_an_edge_restart_mid_answer() -> None:
         "0.04",
         "--sim-answer-tokens",
         "80",
-        "--detach-grace",
+        "--default-detach-grace",
         "20",
     )
     port = free_port()

@@ -26,7 +26,7 @@ SEEDED = {"temperature": 1.0, "seed": 7}
 def sim() -> Iterator[Stack]:
     # ~50-token answers at 10 ms a token; the worker keeps a dropped generation for 5 s.
     with stack(
-        ("--sim-token-delay", "0.01", "--sim-answer-tokens", "50", "--detach-grace", "5"),
+        ("--sim-token-delay", "0.01", "--sim-answer-tokens", "50", "--default-detach-grace", "5"),
         ("--openai-detach-grace", "5", "--retry-ms", "200"),
     ) as s:
         yield s
@@ -179,7 +179,7 @@ def test_stream_link_before_any_event_and_refusals(sim: Stack) -> None:
 
 def test_resume_after_the_log_expired_is_410() -> None:
     with stack(
-        ("--sim-token-delay", "0", "--detach-grace", "0", "--replay-retention", "0.3"),
+        ("--sim-token-delay", "0", "--default-detach-grace", "0", "--replay-retention", "0.3"),
         ("--retry-ms", "200"),
     ) as s:
         _, events = read_events("POST", chat_url(s), json=body(GREEDY), limit=3)

@@ -8,8 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import grpc
 import pytest
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import Message
 
+from model_service.reflection import V1_SERVICE_NAME as V1
+from model_service.reflection import V1ALPHA_SERVICE_NAME as V1ALPHA
+from model_service.reflection import v1_file_descriptor
 from tests.procs import start_worker
 
 GRPCURL = shutil.which("grpcurl", path=str(Path(sys.executable).parent)) or shutil.which("grpcurl")
@@ -83,3 +89,53 @@ def test_invalid_json_request_gets_invalid_argument(worker):
     out = grpcurl(worker.address, "sluice.v1.Generation/Generate", data=json.dumps(req))
     assert out.returncode != 0
     assert "InvalidArgument" in out.stderr and "sampling.top_p" in out.stderr
+
+
+def test_both_reflection_versions_are_listed_and_described(worker):
+    out = grpcurl(worker.address, "list")
+    assert out.returncode == 0, out.stderr
+    assert {V1, V1ALPHA} <= set(out.stdout.split())
+    out = grpcurl(worker.address, "describe", V1)
+    assert out.returncode == 0, out.stderr
+    assert "rpc ServerReflectionInfo ( stream .grpc.reflection.v1.ServerReflectionRequest )" in (
+        out.stdout
+    )
+
+
+def v1_messages() -> tuple[type[Message], type[Message]]:
+    """grpc.reflection.v1 message classes, built apart from the default pool."""
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(v1_file_descriptor())
+    req = message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{V1}Request"))
+    resp = message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{V1}Response"))
+    return req, resp
+
+
+def test_reflection_v1_answers_a_v1_client(worker):
+    """Newer grpcurl asks grpc.reflection.v1 first; grpcio-reflection serves v1alpha only."""
+    request, response = v1_messages()
+    with grpc.insecure_channel(worker.address) as ch:
+        info = ch.stream_stream(
+            f"/{V1}/ServerReflectionInfo",
+            request_serializer=request.SerializeToString,
+            response_deserializer=response.FromString,
+        )
+        asks = [
+            request(list_services=""),
+            request(file_containing_symbol="sluice.v1.Generation"),
+            request(file_containing_symbol=V1),
+        ]
+        services, generation, itself = list(info(iter(asks), timeout=10))
+    names = {s.name for s in services.list_services_response.service}
+    assert {"sluice.v1.Generation", "grpc.health.v1.Health", V1, V1ALPHA} <= names
+    files = [
+        descriptor_pb2.FileDescriptorProto.FromString(raw)
+        for raw in generation.file_descriptor_response.file_descriptor_proto
+    ]
+    assert any(f.package == "sluice.v1" and f.service[0].name == "Generation" for f in files)
+    (v1_file,) = [
+        descriptor_pb2.FileDescriptorProto.FromString(raw)
+        for raw in itself.file_descriptor_response.file_descriptor_proto
+    ]
+    assert v1_file.package == "grpc.reflection.v1"
+    assert v1_file.service[0].method[0].input_type == f".{V1}Request"

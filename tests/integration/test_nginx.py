@@ -178,7 +178,7 @@ def paced():
     as max_tokens asks, no detach grace (an abandoned stream frees its slot at once)."""
     args = ["--sim-token-delay", str(TOKEN_DELAY_S), "--sim-answer-tokens", "1000"]
     args += ["--max-num-seqs", "128"]
-    args += ["--max-waiting", "128", "--detach-grace", "0"]
+    args += ["--max-waiting", "128", "--default-detach-grace", "0"]
     with stack(args, []) as procs:
         yield procs
 

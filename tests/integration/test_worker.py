@@ -425,7 +425,7 @@ async def test_detached_generation_aborts_after_grace_and_counts_waste():
         "sim",
         "--sim-token-delay",
         "0.01",
-        "--detach-grace",
+        "--default-detach-grace",
         "0.3",
         "--replay-retention",
         "0.5",
@@ -471,3 +471,43 @@ async def test_accepted_metadata_then_drop_then_resume_whole_generation(worker):
         with pytest.raises(grpc.aio.AioRpcError):
             await collect(bad)
         assert "x-sluice-request-id" not in dict(await bad.initial_metadata())
+
+
+def raw_stubs(ch: grpc.aio.Channel):
+    """Generate and Resume without response parsing: the bytes the worker sent."""
+    generate = ch.stream_stream(
+        "/sluice.v1.Generation/Generate",
+        request_serializer=pb.GenerateRequest.SerializeToString,
+        response_deserializer=None,
+    )
+    resume = ch.unary_stream(
+        "/sluice.v1.Generation/Resume",
+        request_serializer=pb.ResumeRequest.SerializeToString,
+        response_deserializer=None,
+    )
+    return generate, resume
+
+
+async def test_a_resumed_stream_is_the_original_byte_for_byte(worker):
+    """Each message is serialized once into the replay log; replays send those bytes."""
+    async with grpc.aio.insecure_channel(worker.address) as ch:
+        generate, resume = raw_stubs(ch)
+        req = start("bytes-1", "byte for byte", temperature=0, max_tokens=25)
+        req.start.stamp_times = True  # a replay carries the original send times too
+        sent = [raw async for raw in generate(iter([req]))]
+        again = [raw async for raw in resume(pb.ResumeRequest(request_id="bytes-1"))]
+        tail = [raw async for raw in resume(pb.ResumeRequest(request_id="bytes-1", from_index=9))]
+        reqs = [
+            start("mux-a", "alpha", True, temperature=0, max_tokens=15),
+            start("mux-b", "beta", True, temperature=0, max_tokens=20),
+        ]
+        mixed = [pb.GenerateResponse.FromString(raw) async for raw in generate(iter(reqs))]
+        replays = {
+            rid: [raw async for raw in resume(pb.ResumeRequest(request_id=rid))]
+            for rid in ("mux-a", "mux-b")
+        }
+    assert again == sent and tail == sent[9:]
+    msgs = [pb.GenerateResponse.FromString(raw) for raw in sent]
+    assert msgs[-1].final.usage.completion_tokens == 25 and all(m.worker_time_ns for m in msgs)
+    for rid, replay in replays.items():
+        assert replay == [m.SerializeToString() for m in mixed if m.request_id == rid]

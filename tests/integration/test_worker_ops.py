@@ -146,7 +146,11 @@ def test_mtls_accepts_only_clients_with_a_cert_from_its_ca(pki):
 
 
 def test_json_logs_carry_the_callers_request_id():
-    w = start_worker("--engine", "sim", "--sim-token-delay", "0", "--log-format", "json")
+    # Each generation's end is a debug record (one per request costs more than the rest of
+    # its bookkeeping); a refused start is one too.
+    w = start_worker(
+        "--engine", "sim", "--sim-token-delay", "0", "--log-format", "json", "--log-level", "debug"
+    )  # fmt: skip
     try:
         with grpc.insecure_channel(w.address) as ch:
             stub = pb_grpc.GenerationStub(ch)

@@ -24,7 +24,8 @@ class SlowAbortSim(SimEngine):
 
 
 async def make_core(engine_cls=SimEngine) -> WorkerCore:
-    cfg = WorkerConfig(engine=EngineConfig(sim=SimOptions(ttft_s=0, token_delay_s=0.01)))
+    sim = SimOptions(ttft_s=0, token_delay_s=0.01)
+    cfg = WorkerConfig(engine=EngineConfig(engine="sim", sim=sim))
     engine = engine_cls(cfg.engine)
     engine.aborted = []  # type: ignore[attr-defined]
     await engine.start()

@@ -1,0 +1,213 @@
+"""The worker's own CPU cost per message and per request, with the simulated engine.
+
+    python scripts/worker_cpu.py --label before          # both modes, ~40 s
+    python scripts/worker_cpu.py --mode tokens --duration 15
+
+Starts `python -m model_service --engine sim --sim-ttft 0 --sim-token-delay 0.02` (room
+for every stream: no admission refusals), then, from this process (the client, over one
+channel as an edge would), runs one or both modes at `--concurrency` streams:
+
+- tokens: long streams (ignore_eos) that each get one token every 20 ms, so every message
+  carries one token. Reported: messages and tokens delivered in the window, the worker's
+  CPU seconds in the same window, CPU per message.
+- requests: back-to-back 1-token generations (max_tokens=1: a chunk and a final each).
+  Reported: requests/s and the worker's CPU per request.
+
+Worker CPU is utime + stime of /proc/PID/stat (all its threads: the event loop and gRPC's
+poller), read at the start and the end of the window, after `--warmup` seconds.
+Results go to scripts/results/worker-cpu.json under `--label` (other labels are kept).
+This is a benchmark, not a test: numbers depend on the machine and its load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from generated import sluice_pb2 as pb  # noqa: E402
+from tests.procs import start_worker  # noqa: E402
+
+RESULTS = ROOT / "scripts" / "results" / "worker-cpu.json"
+GENERATE = "/sluice.v1.Generation/Generate"
+TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+WORKER_ARGS = (
+    "--engine", "sim", "--sim-ttft", "0", "--sim-token-delay", "0.02",
+    "--max-num-seqs", "1024", "--max-waiting", "1024", "--max-model-len", "8192",
+)  # fmt: skip
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all threads), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * TICK_S
+
+
+def start_msg(rid: str, max_tokens: int, ignore_eos: bool) -> bytes:
+    sp = pb.SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos, temperature=0)
+    start = pb.StartGeneration(request_id=rid, prompt=f"measure the worker {rid}", sampling=sp)
+    return pb.GenerateRequest(start=start).SerializeToString()
+
+
+class Window:
+    """The measured interval: counts only what arrives between `open` and `close`."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.open = False
+        self.messages = self.tokens = self.requests = 0
+        self.cpu0 = self.t0 = 0.0
+        self.cpu = self.wall = 0.0
+
+    def start(self) -> None:
+        self.open = True
+        self.t0, self.cpu0 = time.monotonic(), cpu_seconds(self.pid)
+
+    def stop(self) -> None:
+        self.open = False
+        self.cpu = cpu_seconds(self.pid) - self.cpu0
+        self.wall = time.monotonic() - self.t0
+
+
+async def tokens_mode(
+    channel: grpc.aio.Channel, w: Window, concurrency: int, warmup: float, duration: float
+) -> dict[str, Any]:
+    generate = channel.stream_stream(GENERATE, request_serializer=None, response_deserializer=None)
+    max_tokens = int((warmup + duration + 10) / 0.02)
+    calls = []
+
+    async def stream(i: int) -> None:
+        call = generate(iter([start_msg(f"tok-{i}-{time.time_ns()}", max_tokens, True)]))
+        calls.append(call)
+        async for raw in call:
+            if w.open:
+                msg = pb.GenerateResponse.FromString(raw)
+                w.messages += 1
+                w.tokens += len(msg.chunk.token_ids)
+
+    tasks = [asyncio.create_task(stream(i)) for i in range(concurrency)]
+    await asyncio.sleep(warmup)
+    w.start()
+    await asyncio.sleep(duration)
+    w.stop()
+    for call in calls:
+        call.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return {
+        "concurrency": concurrency,
+        "window_s": round(w.wall, 3),
+        "messages": w.messages,
+        "tokens": w.tokens,
+        "tokens_per_message": round(w.tokens / max(w.messages, 1), 3),
+        "messages_per_s": round(w.messages / w.wall, 1),
+        "worker_cpu_s": round(w.cpu, 3),
+        "worker_cpu_share": round(w.cpu / w.wall, 3),
+        "worker_cpu_us_per_message": round(w.cpu / max(w.messages, 1) * 1e6, 1),
+    }
+
+
+async def requests_mode(
+    channel: grpc.aio.Channel, w: Window, concurrency: int, warmup: float, duration: float
+) -> dict[str, Any]:
+    generate = channel.stream_stream(GENERATE, request_serializer=None, response_deserializer=None)
+    running = True
+    failures = 0
+
+    async def loop(i: int) -> None:
+        nonlocal failures
+        n = 0
+        while running:
+            n += 1
+            try:
+                async for _ in generate(iter([start_msg(f"req-{i}-{n}", 1, False)])):
+                    pass
+            except grpc.aio.AioRpcError:
+                failures += 1
+                continue
+            if w.open:
+                w.requests += 1
+
+    tasks = [asyncio.create_task(loop(i)) for i in range(concurrency)]
+    await asyncio.sleep(warmup)
+    w.start()
+    await asyncio.sleep(duration)
+    w.stop()
+    running = False
+    await asyncio.gather(*tasks)
+    return {
+        "concurrency": concurrency,
+        "window_s": round(w.wall, 3),
+        "requests": w.requests,
+        "failures": failures,
+        "requests_per_s": round(w.requests / w.wall, 1),
+        "worker_cpu_s": round(w.cpu, 3),
+        "worker_cpu_share": round(w.cpu / w.wall, 3),
+        "worker_cpu_us_per_request": round(w.cpu / max(w.requests, 1) * 1e6, 1),
+    }
+
+
+async def measure(args: argparse.Namespace, address: str, pid: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    modes = ("tokens", "requests") if args.mode == "both" else (args.mode,)
+    async with grpc.aio.insecure_channel(address) as channel:
+        for mode in modes:
+            run = tokens_mode if mode == "tokens" else requests_mode
+            window = Window(pid)
+            out[mode] = await run(channel, window, args.concurrency, args.warmup, args.duration)
+            print(mode, json.dumps(out[mode]), flush=True)
+    return out
+
+
+def git_commit() -> str:
+    cmd = ["git", "-C", str(ROOT), "describe", "--always", "--dirty"]
+    return subprocess.run(cmd, capture_output=True, text=True).stdout.strip()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--mode", choices=("tokens", "requests", "both"), default="both")
+    p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--duration", type=float, default=15.0, help="measured seconds per mode")
+    p.add_argument("--warmup", type=float, default=3.0, help="seconds before the window")
+    p.add_argument("--label", default="run", help="key of this run in the JSON file")
+    p.add_argument("--worker-arg", action="append", default=[], help="extra worker flag")
+    p.add_argument("--out", default=str(RESULTS))
+    args = p.parse_args()
+    worker_args = [*WORKER_ARGS, *args.worker_arg]
+    proc = start_worker(*worker_args)
+    try:
+        results = asyncio.run(measure(args, proc.address, proc.pid))
+    finally:
+        proc.terminate(10)
+    record = {
+        "commit": git_commit(),
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "python": platform.python_version(),
+        "grpcio": grpc.__version__,
+        "worker": "python -m model_service " + " ".join(worker_args),
+        "client": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        **results,
+    }
+    path = Path(args.out)
+    existing = json.loads(path.read_text()) if path.exists() else {}
+    existing[args.label] = record
+    path.write_text(json.dumps(existing, indent=2) + "\n")
+    print(f"wrote {path} [{args.label}]")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

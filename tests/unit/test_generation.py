@@ -1,0 +1,142 @@
+"""A generation on the simulated engine, without gRPC or the worker core: its log of
+serialized messages, merging, consumers, detach."""
+
+from __future__ import annotations
+
+import asyncio
+
+from generated import sluice_pb2 as pb
+from model_service.config import EngineConfig, SimOptions
+from model_service.engines.sim import SimEngine
+from model_service.errors import SluiceError
+from model_service.generation import CLIENT_CANCEL, Generation, Runtime
+from model_service.histogram import Histogram
+from model_service.types import GenerationRequest, SamplingParams
+
+
+class Hooks:
+    """Stands in for the worker core: records what generations report."""
+
+    def __init__(self) -> None:
+        self.ended: list[Generation] = []
+        self.dead: list[SluiceError] = []
+        self.wasted: list[int] = []
+
+    def finished(self, gen: Generation) -> None:
+        self.ended.append(gen)
+
+    def engine_died(self, err: SluiceError) -> None:
+        self.dead.append(err)
+
+    def detach_expired(self, wasted_tokens: int) -> None:
+        self.wasted.append(wasted_tokens)
+
+
+async def make(
+    max_tokens: int = 12, delay: float = 0.0, grace: float = 5.0, **sp: object
+) -> tuple[Generation, Hooks]:
+    engine = SimEngine(EngineConfig(engine="sim", sim=SimOptions(ttft_s=0, token_delay_s=delay)))
+    await engine.start()
+    hooks = Hooks()
+    rt = Runtime(engine, hooks, Histogram((0.01, 0.1)))
+    sampling = SamplingParams(max_tokens=max_tokens, temperature=0, **sp)  # type: ignore[arg-type]
+    req = GenerationRequest(request_id="g", sampling=sampling, prompt="hello there")
+    req.prompt_token_ids = await engine.tokenize(req)
+    gen = Generation(rt, req, engine_id="g#1", arrived=0.0, timeout_s=None, detach_grace_s=grace)
+    return gen, hooks
+
+
+async def follow(gen: Generation, i: int = 0) -> list[bytes]:
+    """A consumer as `stream.send_log` is one, minus the wire."""
+    got = []
+    gen.attach()
+    try:
+        while True:
+            while i < gen.index:
+                got.append(gen.take(i))
+                i += 1
+            if gen.ended:
+                return got
+            await gen.changed()
+    finally:
+        gen.release()
+
+
+def start(gen: Generation) -> asyncio.Task[None]:
+    gen.task = asyncio.create_task(gen.run())
+    return gen.task
+
+
+async def test_replay_yields_the_exact_bytes_that_were_sent() -> None:
+    gen, hooks = await make(delay=0.002)
+    start(gen)
+    live = await follow(gen)
+    replay = await follow(gen, 0)
+    assert replay == live and all(a is b for a, b in zip(replay, live, strict=True))
+    msgs = [pb.GenerateResponse.FromString(raw) for raw in live]
+    assert [m.index for m in msgs] == list(range(len(msgs)))
+    assert msgs[-1].final.usage.completion_tokens == 12
+    assert all(isinstance(e, bytes) for e in gen.log) and hooks.ended == [gen]
+    assert gen.log_bytes >= sum(len(raw) for raw in live)
+
+
+async def test_tokens_merge_only_into_an_entry_nobody_took() -> None:
+    gen, _ = await make(max_tokens=40)
+    await start(gen)  # nobody followed: tokens merged into few, large chunks
+    msgs = [pb.GenerateResponse.FromString(gen.take(i)) for i in range(gen.index)]
+    ids = [t for m in msgs[:-1] for t in m.chunk.token_ids]
+    assert len(ids) == 40 and len(msgs) - 1 < 40
+    taken, _ = await make(max_tokens=40, delay=0.001)
+    start(taken)
+    got = await follow(taken)  # a consumer keeping up takes every token as it comes
+    assert len(got) - 1 > len(msgs) - 1
+
+
+async def test_a_consumer_cancelled_while_waiting_leaves_the_others_waiting() -> None:
+    """Regression: the consumers shared one future, which the cancelled one cancelled."""
+    gen, _ = await make(max_tokens=30, delay=0.005)
+    start(gen)
+    quitter = asyncio.create_task(follow(gen))
+    stayer = asyncio.create_task(follow(gen))
+    await asyncio.sleep(0.02)
+    quitter.cancel()
+    got = await asyncio.wait_for(stayer, 5)
+    assert pb.GenerateResponse.FromString(got[-1]).final.usage.completion_tokens == 30
+
+
+async def test_an_error_is_known_before_its_final_is_logged() -> None:
+    gen, _ = await make(max_tokens=500, delay=0.005)
+    start(gen)
+    await asyncio.sleep(0.02)
+    gen.cancel(SluiceError("stop here"))
+    assert gen.task is not None
+    await gen.task
+    final = pb.GenerateResponse.FromString(gen.take(gen.index - 1)).final
+    assert gen.error is not None and final.reason == pb.FINISH_REASON_ERROR
+    assert final.error.message == "stop here"
+
+
+async def test_detached_generation_reports_its_wasted_tokens() -> None:
+    gen, hooks = await make(max_tokens=500, delay=0.002, grace=0.05)
+    start(gen)
+    gen.attach()
+    await asyncio.sleep(0.01)
+    gen.release()  # the last consumer left: the grace starts
+    assert gen.task is not None
+    await asyncio.wait_for(gen.task, 2)
+    final = pb.GenerateResponse.FromString(gen.take(gen.index - 1)).final
+    assert final.reason == pb.FINISH_REASON_CANCELLED
+    assert len(hooks.wasted) == 1 and hooks.wasted[0] > 5
+
+
+async def test_client_cancel_ends_with_cancelled() -> None:
+    gen, hooks = await make(max_tokens=500, delay=0.002)
+    start(gen)
+    await asyncio.sleep(0.01)
+    gen.cancel(CLIENT_CANCEL)
+    assert gen.task is not None
+    await gen.task
+    assert pb.GenerateResponse.FromString(gen.log[-1]).final.reason == (  # type: ignore[arg-type]
+        pb.FINISH_REASON_CANCELLED
+    )
+    assert gen.error is None and hooks.ended == [gen]
