@@ -134,7 +134,7 @@ class WorkerCore:
             summary["code"], summary["prompt_tokens"], summary["completion_tokens"], timing
         )
         # Debug: a record per generation costs more than the rest of its bookkeeping.
-        log.debug("generation ended: %s", summary["reason"], extra=summary)
+        log.info("generation ended: %s", summary["reason"], extra=summary)
         self.live.discard(gen)
         self.admission.release()
         self.store.ended(gen)
