@@ -31,6 +31,7 @@ from edge.stream.ids import PART_DONE, Origin, ResumePoint, bad_event_id, not_yo
 from edge.stream.job import Job
 from edge.stream.response import GenerationResponse
 from edge.upstream.calls import ResumeCall
+from edge.upstream.continuation import split_id
 from edge.upstream.failover import FailoverCall
 from edge.upstream.routing import session_key
 from generated import sluice_pb2 as pb
@@ -201,10 +202,11 @@ def _resume(
         trace,
         on_end=lambda: registry.released(worker),
     )
-    created = created_at(point.request_id)
-    fmt = make_format(kind, point.request_id, worker.model_id(), created, include_usage)
+    original = split_id(point.request_id)[0]  # a continuation's chunks keep the stream's id
+    created = created_at(original)
+    fmt = make_format(kind, original, worker.model_id(), created, include_usage)
     job = Job(
-        request_id=point.request_id,
+        request_id=original,
         trace_id=trace,
         call=call,
         fmt=fmt,

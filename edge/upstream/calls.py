@@ -17,6 +17,7 @@ from typing import Protocol
 import grpc
 
 from edge.errors import ApiError, from_rpc_error
+from edge.upstream.continuation import split_id, whole_usage
 from edge.upstream.worker import Worker
 from generated import sluice_pb2 as pb
 
@@ -138,7 +139,8 @@ class GenerateCall:
 class ResumeCall(GenerateCall):
     """A `Resume` RPC with GenerateCall's interface: the generation's messages from
     `from_index` on (replayed, then live). Its refusals are about the stream, not the
-    request: an expired log is 410, an index past the end 400."""
+    request: an expired log is 410, an index past the end 400. A continuation's final
+    usage is reported for the whole stream, as the live stream reported it."""
 
     def __init__(
         self,
@@ -155,6 +157,7 @@ class ResumeCall(GenerateCall):
         self._call = worker.stub.Resume(request, timeout=timeout_s, metadata=_metadata(trace_id))
         self._start = None  # a unary request: sent by grpc itself
         self.next_index = from_index
+        self._base_tokens = split_id(request_id)[1]  # a continuation's: tokens before it
         # Counted as a call on the worker, so removing the worker from its pool waits for
         # this stream instead of closing the channel under it.
         self._on_end = on_end
@@ -172,7 +175,7 @@ class ResumeCall(GenerateCall):
 
     async def read(self) -> pb.GenerateResponse:
         try:
-            return await super().read()
+            msg = await super().read()
         except ApiError as err:
             if err.status == 404:
                 raise ApiError(
@@ -188,3 +191,6 @@ class ResumeCall(GenerateCall):
                     code="invalid_last_event_id",
                 ) from None
             raise
+        if self._base_tokens and msg.WhichOneof("kind") == "final":
+            whole_usage(msg.final.usage, self._base_tokens)  # as the live stream said it
+        return msg

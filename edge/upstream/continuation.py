@@ -9,6 +9,8 @@ that close every message, see the note in ARCHITECTURE.md).
 
 from __future__ import annotations
 
+import re
+
 import grpc
 
 from edge.errors import from_status, from_status_code_number
@@ -16,6 +18,28 @@ from edge.upstream.outcomes import CANCELLED, OK
 from generated import sluice_pb2 as pb
 
 _SUCCESS = (pb.FINISH_REASON_STOP, pb.FINISH_REASON_LENGTH)
+_CONTINUATION_ID = re.compile(r"(?s)(.+)-c[0-9]+-([0-9]+)")
+
+
+def continuation_id(original: str, n: int, tokens: int) -> str:
+    """The id of the `n`th continuation of `original`, after `tokens` tokens were sent:
+    it says both, so whoever resumes it (any edge replica) reports the stream as one."""
+    return f"{original}-c{n}-{tokens}"
+
+
+def split_id(request_id: str) -> tuple[str, int]:
+    """(original request id, tokens sent before it) of a generation; (id, 0) for one
+    that is not a continuation."""
+    m = _CONTINUATION_ID.fullmatch(request_id)
+    return (m.group(1), int(m.group(2))) if m else (request_id, 0)
+
+
+def whole_usage(usage: pb.Usage, base_tokens: int) -> None:
+    """A continuation's usage as the whole stream's: its prompt held the `base_tokens`
+    already sent, which count as completion tokens once."""
+    if base_tokens:
+        usage.completion_tokens += base_tokens
+        usage.prompt_tokens = max(0, usage.prompt_tokens - base_tokens)
 
 
 def may_continue(mode: str, sampling: pb.SamplingParams) -> bool:
@@ -40,7 +64,7 @@ def continuation_start(
     """The `start` that goes on from `text` (`tokens` tokens) already sent to the client."""
     start = pb.StartGeneration()
     start.CopyFrom(original)
-    start.request_id = f"{original.request_id}-c{n}"
+    start.request_id = continuation_id(original.request_id, n, tokens)
     if start.WhichOneof("input") == "chat":
         start.chat.messages.add(role="assistant", content=text)
         start.chat.add_generation_prompt = False

@@ -35,7 +35,12 @@ import grpc
 
 from edge.errors import ApiError, from_status
 from edge.upstream.calls import GenerateCall
-from edge.upstream.continuation import continuation_start, final_outcome, may_continue
+from edge.upstream.continuation import (
+    continuation_start,
+    final_outcome,
+    may_continue,
+    whole_usage,
+)
 from edge.upstream.outcomes import CANCELLED
 from edge.upstream.registry import PoolRegistry
 from edge.upstream.worker import Worker
@@ -263,11 +268,8 @@ class FailoverCall:
             if self._continuable:
                 self._text.append(msg.chunk.text)
         else:
-            if att.base_tokens and not att.ended:
-                usage = msg.final.usage
-                usage.completion_tokens += att.base_tokens
-                # The continuation's prompt held the text sent before; count it once.
-                usage.prompt_tokens = max(0, usage.prompt_tokens - att.base_tokens)
+            if not att.ended:
+                whole_usage(msg.final.usage, att.base_tokens)
             self._end(att, final_outcome(msg.final))
         return msg
 

@@ -459,6 +459,11 @@ def test_a_worker_killed_mid_stream_is_continued_elsewhere_gaplessly(fleet: Flee
     tail = [ln[6:] for ln in resumed.text.split("\n") if ln.startswith("data: ")]
     tail_events = [{"data": d} for d in tail]
     assert text_of(tail_events) == text_of(events[k + 1 :])
+    # Issue 12, defect 7: the whole events, not only their text: the chunks keep the
+    # stream's own id (not the continuation's "-c1"), and the usage is the stream's.
+    assert tail == [e["data"] for e in events[k + 1 :]]
+    ids = [ln[4:] for ln in resumed.text.split("\n") if ln.startswith("id: ")]
+    assert ids == [e["id"] for e in events[k + 1 :]]
     fleet.revive(killed[0])
 
 

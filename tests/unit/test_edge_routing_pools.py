@@ -15,7 +15,7 @@ from edge.obs.prom import Exposition
 from edge.security.auth import ADMIN, AuthMiddleware, KeyStore, bearer
 from edge.upstream import canary
 from edge.upstream.channel import ChannelFactory
-from edge.upstream.continuation import continuation_start, may_continue
+from edge.upstream.continuation import continuation_start, may_continue, split_id
 from edge.upstream.outcomes import PoolMetrics, WindowStats, expose, percentile
 from edge.upstream.pools import (
     PoolConfigError,
@@ -279,7 +279,8 @@ def test_continuation_start_chat_and_prompt() -> None:
     chat.sampling.min_tokens = 30
     chat.chat.messages.add(role="user", content="hi")
     cont = continuation_start(chat, " the river", 2, 1)
-    assert cont.request_id == "r-c1"
+    assert cont.request_id == "r-c1-2"  # the stream's id, the continuation, tokens before it
+    assert split_id(cont.request_id) == ("r", 2) and split_id("r") == ("r", 0)
     assert [(m.role, m.content) for m in cont.chat.messages] == [
         ("user", "hi"),
         ("assistant", " the river"),
