@@ -37,7 +37,11 @@ log = logging.getLogger("sluice.edge")
 def channels(config: EdgeConfig) -> ChannelFactory:
     """How this process opens worker channels (TLS when configured)."""
     return ChannelFactory(
-        channel_options(config.routing.keepalive_s, config.stream.stream_buffer_bytes),
+        channel_options(
+            config.routing.keepalive_s,
+            config.routing.keepalive_timeout_s,
+            config.stream.stream_buffer_bytes,
+        ),
         tls.credentials(config.worker_tls),
         config.worker_tls.server_name,
     )

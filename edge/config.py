@@ -116,7 +116,13 @@ class RoutingConfig:
     stats_interval_s: float = option(
         0.0, "--stats-interval", "GetStats poll per worker, s (0: off)"
     )
-    keepalive_s: float = option(30.0, "--keepalive", "gRPC keepalive ping interval, seconds")
+    # A frozen or silently dead worker is found within keepalive + keepalive timeout:
+    # its connection fails, its health Watch with it (out of rotation), and its calls end
+    # UNAVAILABLE (retried elsewhere before the first token, continued or ended after).
+    keepalive_s: float = option(2.0, "--keepalive", "gRPC keepalive ping interval, seconds")
+    keepalive_timeout_s: float = option(
+        2.0, "--keepalive-timeout", "seconds a worker has to answer a keepalive ping"
+    )
 
 
 @dataclass(slots=True)

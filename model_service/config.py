@@ -121,7 +121,8 @@ class ServerConfig:
             ("grpc.keepalive_timeout_ms", int(self.keepalive_timeout_s * 1000)),
             # Clients (edges) ping idle channels; allow it without a call in flight.
             ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+            # Edges ping every 2 s to find a frozen worker within seconds (edge --keepalive).
+            ("grpc.http2.min_ping_interval_without_data_ms", 1000),
             ("grpc.http2.max_pings_without_data", 0),
             ("grpc.so_reuseport", 0),
         ]

@@ -1,6 +1,8 @@
 """Channels to workers: one long-lived `grpc.aio` channel per worker, all opened here.
 
-Keepalive finds a silently dead worker; a short reconnect backoff finds a restarted one.
+Keepalive finds a frozen or silently dead worker (`--keepalive` + `--keepalive-timeout`,
+2 s + 2 s by default; workers allow pings every second); a short reconnect backoff finds
+a restarted one.
 The per-stream HTTP/2 window (`--stream-buffer-bytes`, BDP probing off so it stays put)
 bounds what a worker sends ahead of a slow client: past it the worker's writer waits and
 its generation log merges new tokens into fewer, larger messages.
@@ -16,13 +18,17 @@ NAME_OVERRIDE = "grpc.ssl_target_name_override"
 
 
 def channel_options(
-    keepalive_s: float = 30.0,
+    keepalive_s: float = 2.0,
+    keepalive_timeout_s: float = 2.0,
     stream_window_bytes: int = 256 * 1024,
     max_message_bytes: int = 8 << 20,
 ) -> list[tuple[str, int]]:
     return [
         ("grpc.keepalive_time_ms", int(keepalive_s * 1000)),
-        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.keepalive_timeout_ms", int(keepalive_timeout_s * 1000)),
+        # Since grpc 1.5x a ping's ack is awaited for this long instead (default 60 s):
+        # without it a frozen worker held its calls for a minute.
+        ("grpc.http2.ping_timeout_ms", int(keepalive_timeout_s * 1000)),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.max_receive_message_length", max_message_bytes),

@@ -7,9 +7,13 @@ SDK, raw sockets for misbehaving clients.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import socket
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -17,14 +21,18 @@ import openai
 import orjson
 import pytest
 
+from edge.upstream.worker import worker_key
 from tests.integration.edge_fixtures import (
+    EDGE_ENV,
     Stack,
     chat_start,
     direct_generate,
     metric,
     parse_sse,
     stack,
+    wait_ready,
 )
+from tests.procs import start_edge, start_worker
 
 MESSAGES = [{"role": "user", "content": "Tell me about rivers and the sea."}]
 
@@ -228,3 +236,83 @@ def test_oversized_or_too_many_headers_get_431_and_a_closed_connection(
     assert (
         httpx.get(f"{strict_heads.base}/healthz", headers={"x-fine": "y" * 1000}).status_code == 200
     )
+
+
+# -- 2: a frozen worker held requests for as long as it was frozen -----------------------
+
+DETECTION_BOUND_S = 2.0 + 2.0 + 2.0  # --keepalive + --keepalive-timeout + a reconnect
+
+
+def test_a_frozen_worker_is_taken_out_within_the_keepalive_bound() -> None:
+    workers = [start_worker("--engine", "sim", "--sim-token-delay", "0.02") for _ in range(2)]
+    edge = None
+    try:
+        args = [a for w in workers for a in ("--worker", w.address)]
+        edge = start_edge(*args, "--continue-on-failure", "never", env=EDGE_ENV)
+        base = f"http://{edge.address}"
+        wait_ready(base)
+        frozen, alive = workers
+        # A stream mid-way on the worker that freezes.
+        body = {"messages": MESSAGES, "max_tokens": 400, "min_tokens": 400, "stream": True}
+        raw = b""
+        with httpx.Client(timeout=30) as c:
+            while True:  # sessions pick the worker: find one that lands on `frozen`
+                key = f"s-{time.monotonic_ns()}"
+                probe = c.post(
+                    f"{base}/v1/completions",
+                    json={"prompt": "x", "max_tokens": 1},
+                    headers={"x-session-id": key},
+                )
+                if probe.headers["x-sluice-worker"] == worker_key(frozen.address):
+                    break
+            with c.stream(
+                "POST", f"{base}/v1/chat/completions", json=body, headers={"x-session-id": key}
+            ) as resp:
+                parts = resp.iter_raw()
+                while raw.count(b"\ndata: {") < 3:
+                    raw += next(parts)
+                os.kill(frozen.pid, signal.SIGSTOP)
+                t0 = time.monotonic()
+                # A request sent to the frozen worker now gets nothing, then is retried.
+                with ThreadPoolExecutor(1) as pool:
+                    caught = pool.submit(
+                        httpx.post,
+                        f"{base}/v1/completions",
+                        json={"prompt": "x", "max_tokens": 2},
+                        headers={"x-session-id": key},
+                        timeout=30,
+                    )
+                    raw += b"".join(parts)  # ends: with an error event, not after the freeze
+                    ended_after = time.monotonic() - t0
+                    caught_status = caught.result().status_code
+                    caught_after = time.monotonic() - t0
+            # New requests, with the frozen worker's session too, are all answered.
+            statuses = [
+                c.post(
+                    f"{base}/v1/completions",
+                    json={"prompt": "x", "max_tokens": 2},
+                    headers={"x-session-id": key},
+                ).status_code
+                for _ in range(6)
+            ]
+            out_after = time.monotonic() - t0
+            ready = c.get(f"{base}/readyz").json()
+        os.kill(frozen.pid, signal.SIGCONT)
+        print(f"frozen worker: stream ended after {ended_after:.2f}s, out by {out_after:.2f}s")
+        assert ended_after < DETECTION_BOUND_S
+        assert caught_status == 200 and caught_after < DETECTION_BOUND_S + 1.0
+        events = [e for e in parse_sse(raw) if "data" in e]
+        assert events[-1].get("event") == "error", events[-2:]
+        assert orjson.loads(events[-1]["data"])["error"]["retryable"] is True
+        assert statuses == [200] * 6
+        assert out_after < DETECTION_BOUND_S + 1.0
+        serving = {w["worker"]: w["serving"] for w in ready["workers"]}
+        assert serving == {worker_key(frozen.address): False, worker_key(alive.address): True}
+    finally:
+        for w in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(w.pid, signal.SIGCONT)
+        if edge is not None:
+            edge.kill()
+        for w in workers:
+            w.kill()
