@@ -238,6 +238,9 @@ async def create_stream(state: EdgeState, request: Request) -> Response:
             await call.read()  # raises the refusal as an ApiError (400, 429, ...)
     finally:
         call.cancel()  # the worker keeps generating for the stream grace
+    keep = record_of(request.scope).keep_slot
+    if keep is not None:  # the key's stream slot stays taken while it may run
+        state.detached.hold(call.request_id, keep())
     origin = Origin(call.request_id, call.worker.key, p.owner, p.body)
     token, expires = state.codec.stream_token(origin, cfg.stream_ttl_s)
     body = {
@@ -260,6 +263,10 @@ async def read_stream(
     the stream. Its event ids carry the creator's tag, so on the OpenAI endpoints they
     resume for the creator's key only."""
     origin = state.codec.open_stream(token)
+    done = state.detached.reading(origin.request_id)
+    if done is not None:
+        rec = record_of(request.scope)
+        rec.on_complete.append(lambda: done(rec.finish is not None))
     last = request.headers.get(LAST_EVENT_ID) or request.query_params.get("last_event_id")
     if last:
         point = state.codec.parse(last)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from edge.api.detached import DetachedStreams
 from edge.config import EdgeConfig
 from edge.errors import no_worker
 from edge.obs.metrics import Metrics
@@ -20,8 +21,10 @@ class EdgeState:
     registry: PoolRegistry | None = None  # set at startup (lifespan)
     draining: bool = False
     codec: ResumeCodec = field(init=False)
+    detached: DetachedStreams = field(init=False)  # browser streams' held slots
 
     def __post_init__(self) -> None:
+        self.detached = DetachedStreams(self.config.stream.stream_grace_s)
         secret = self.config.stream.resume_secret
         self.codec = ResumeCodec(bytes.fromhex(secret) if secret else os.urandom(32))
 

@@ -41,6 +41,9 @@ class RequestRecord:
     completion_tokens: int | None = None
     finish: str | None = None
     on_complete: list[Callable[[], None]] = field(default_factory=list)
+    # Set by the limits while a stream slot is held: keeps the slot past this request
+    # and returns its release (a detached generation holds it).
+    keep_slot: Callable[[], Callable[[], None]] | None = None
 
     def complete(self) -> None:
         """Run (once) what waits for the response's end."""

@@ -4,7 +4,9 @@
   every request that needs an API key. Past it: 429 `rate_limit_exceeded` with
   Retry-After (when the bucket holds a token again).
 - Concurrency: at most `--max-streams-per-key` generations (`/v1/chat/completions`,
-  `/v1/completions`, streamed or not) in flight per caller. Past it: 429
+  `/v1/completions`, streamed or not, and browser streams: `POST /v1/streams` keeps its
+  slot while its detached generation may still run, see `edge.api.detached`) in flight
+  per caller. Past it: 429
   `concurrency_limit_exceeded`. A slot is held until the response's last byte is sent
   (the record's `on_complete`, run by `edge.obs.record`'s send wrapper) or the request's
   ASGI call returns, whichever comes first: the stream ended, or the client went away
@@ -24,6 +26,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -31,7 +34,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from edge.errors import ApiError, error_response
 from edge.obs.record import record_of
 
-GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/streams"})
 CONCURRENCY_RETRY_S = 1.0  # no way to know when a stream ends: a plain hint
 
 
@@ -123,6 +126,7 @@ class LimitsMiddleware:
             return
         self.streams[caller] += 1
         held = True
+        kept = False
 
         def release() -> None:
             nonlocal held
@@ -132,11 +136,23 @@ class LimitsMiddleware:
                 if not self.streams[caller]:
                     del self.streams[caller]
 
+        def release_now() -> None:
+            if not kept:
+                release()
+
+        def keep() -> Callable[[], None]:
+            """The slot outlives this request (a detached generation holds it): the
+            caller releases it with what this returns."""
+            nonlocal kept
+            kept = True
+            return release
+
         # Free the slot as the last byte goes out, not when the app returns (it may still
         # wait for the RPC's status): a client that reads the end and sends its next
         # request at once must find the slot free.
-        rec.on_complete.append(release)
+        rec.on_complete.append(release_now)
+        rec.keep_slot = keep
         try:
             await self.app(scope, receive, send)
         finally:
-            release()
+            release_now()

@@ -316,3 +316,41 @@ def test_a_frozen_worker_is_taken_out_within_the_keepalive_bound() -> None:
             edge.kill()
         for w in workers:
             w.kill()
+
+
+# -- 9: detached browser streams were not counted against the key's stream limit ----------
+
+
+@pytest.fixture(scope="module")
+def two_streams_a_key() -> Iterator[Stack]:
+    env = {"SLUICE_API_KEYS": f"alice:{KEYS['alice']}"}
+    worker = ("--sim-token-delay", "0.01", "--sim-answer-tokens", "30")
+    edge = ("--max-streams-per-key", "2", "--stream-grace", "3")
+    with stack(worker, edge, edge_env=env) as s:
+        yield s
+
+
+def test_detached_streams_hold_their_keys_slots_until_read_or_expired(
+    two_streams_a_key: Stack,
+) -> None:
+    s = two_streams_a_key
+    auth = {"authorization": f"Bearer {KEYS['alice']}"}
+    body = {"messages": MESSAGES, "max_tokens": 20}
+
+    def create() -> httpx.Response:
+        return httpx.post(f"{s.base}/v1/streams", json=body, headers=auth, timeout=10)
+
+    first, second = create(), create()
+    assert (first.status_code, second.status_code) == (201, 201)
+    third = create()
+    assert third.status_code == 429
+    assert third.json()["error"]["code"] == "concurrency_limit_exceeded"
+    chat = httpx.post(f"{s.base}/v1/chat/completions", json=body, headers=auth, timeout=10)
+    assert chat.status_code == 429  # the detached ones count for every generation route
+    # Reading a link to its end frees its slot ...
+    read = httpx.get(f"{s.base}{first.json()['stream_url']}", timeout=30)
+    assert read.status_code == 200 and "data: [DONE]" in read.text
+    assert create().status_code == 201
+    assert create().status_code == 429  # the unread second one still holds its slot ...
+    # ... until the stream grace runs out with nobody reading it.
+    _wait_for(lambda: create().status_code == 201, timeout=6.0)
