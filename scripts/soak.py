@@ -200,6 +200,9 @@ def main() -> int:
     ap.add_argument("--sample-s", type=float, default=60.0, help="seconds per sample")
     ap.add_argument("--out", type=Path, default=ROOT / "scripts" / "results")
     args = ap.parse_args()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()  # the code the processes start from
     worker = start_worker("--engine", "sim", "--sim-token-delay", "0.005",
                           "--default-detach-grace", "5")  # fmt: skip
     edge = start_edge("--worker", worker.address, "--openai-detach-grace", "5",
@@ -214,8 +217,6 @@ def main() -> int:
     finally:
         edge.kill()
         worker.kill()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=ROOT).stdout.strip()  # fmt: skip
     result["command"] = "python -m scripts.soak " + " ".join(sys.argv[1:])
     result["commit"], result["machine"] = commit, f"{platform.machine()}, {os.cpu_count()} cores"
     args.out.mkdir(parents=True, exist_ok=True)
