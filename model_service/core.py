@@ -65,6 +65,7 @@ class WorkerCore:
         validate_request(req, model, self.config.limits)
         if not req.request_id:
             req.request_id = uuid.uuid4().hex
+        self.store.admit()  # running replay logs under --replay-max-mb
         self.admission.admit(self.engine.stats())
         try:
             ids = await self.engine.tokenize(req)

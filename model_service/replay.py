@@ -2,8 +2,10 @@
 
 Eviction rule: a generation is kept while it runs; once it ends, it stays resumable for
 `retention_s`, unless the log is over `max_bytes`, in which case the generations that ended
-first are dropped first. Running generations are never evicted (their size is bounded by
-admission capacity x context window).
+first are dropped first. Running generations are never evicted: instead, while their
+logs alone are over `max_bytes`, new generations are refused (`admit`: RESOURCE_EXHAUSTED,
+retryable), so the cap bounds running logs too, to it plus what the running ones add
+before they end (admission capacity x context window at most).
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Protocol
 
-from model_service.errors import AlreadyExists
+from model_service.errors import AlreadyExists, Overloaded
+
+LIVE_RECOUNT_S = 0.1  # how stale the running logs' total may be when admitting
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -37,6 +41,9 @@ class ReplayStore:
         self._ended: OrderedDict[str, tuple[float, Replayable]] = OrderedDict()
         self._ended_bytes = 0  # running total: an ended log never changes
         self.evicted_total = 0
+        self.refused_total = 0  # starts refused while running logs were over the cap
+        self._live_bytes = 0
+        self._live_counted_at = -LIVE_RECOUNT_S
 
     def add(self, gen: Replayable) -> None:
         """Register a new generation; a live one with the same id is a conflict."""
@@ -47,6 +54,20 @@ class ReplayStore:
         if old is not None:
             self._ended_bytes -= old[1].log_bytes
         self._live[rid] = gen
+
+    def admit(self) -> None:
+        """Raise Overloaded while the running generations' logs are over the cap."""
+        now = self._clock()
+        if now - self._live_counted_at >= LIVE_RECOUNT_S:  # a sum over live: not per start
+            self._live_bytes = sum(g.log_bytes for g in self._live.values())
+            self._live_counted_at = now
+        if self._live_bytes > self.max_bytes:
+            self.refused_total += 1
+            raise Overloaded(
+                f"the replay logs of running generations hold {self._live_bytes} bytes, over "
+                f"this worker's --replay-max-mb; retry when some have ended",
+                retry_after_s=1.0,
+            )
 
     def ended(self, gen: Replayable) -> None:
         """Move a generation from live to retained, then evict what is due."""

@@ -60,3 +60,24 @@ def test_live_id_conflict_and_reuse_of_finished_id():
     b = Gen("a")
     store.add(b)  # replaces the finished log
     assert store.get("a") is b and len(store) == 1
+
+
+def test_running_logs_over_the_cap_refuse_new_generations():
+    """Issue 12, defect 9: the cap bounded only ended generations; running ones grew on."""
+    from model_service.errors import Overloaded
+
+    clock = Clock()
+    store = ReplayStore(retention_s=1000, max_bytes=250, clock=clock)
+    big = Gen("big", log_bytes=100)
+    store.add(big)
+    store.admit()  # under the cap
+    big.log_bytes = 300  # it ran on (a detached generation nobody reads)
+    store.admit()  # counted again only every LIVE_RECOUNT_S: not refused yet
+    clock.t = 1.0
+    with pytest.raises(Overloaded) as err:
+        store.admit()
+    assert err.value.retryable and "replay-max-mb" in err.value.message
+    assert store.refused_total == 1
+    store.ended(big)  # ended logs are evicted instead, so new work is admitted again
+    clock.t = 2.0
+    store.admit()
