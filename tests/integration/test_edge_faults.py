@@ -243,6 +243,7 @@ def test_oversized_or_too_many_headers_get_431_and_a_closed_connection(
 DETECTION_BOUND_S = 2.0 + 2.0 + 2.0  # --keepalive + --keepalive-timeout + a reconnect
 
 
+@pytest.mark.chaos
 def test_a_frozen_worker_is_taken_out_within_the_keepalive_bound() -> None:
     workers = [start_worker("--engine", "sim", "--sim-token-delay", "0.02") for _ in range(2)]
     edge = None

@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.integration.edge_fixtures import chat_text, chunks, parse_sse, stream_raw, wait_ready
 from tests.procs import start_edge, worker
@@ -55,6 +56,7 @@ def test_several_edge_processes_share_the_port() -> None:
             assert edge.terminate() == 0
 
 
+@pytest.mark.chaos
 def test_drain_past_its_grace_ends_streams_with_a_retryable_error_and_readyz_503() -> None:
     """Issue 12, defect 8: a stream longer than the drain grace got a cut connection, and
     /readyz stayed 200 until the edge stopped listening."""
