@@ -139,36 +139,28 @@ def test_a_client_leaving_mid_body_is_a_disconnect_not_a_500(slow_prefill: Stack
 # -- 5: a streamed request over HTTP/1.0 -------------------------------------------------
 
 
-def test_a_stream_over_http_1_0_is_refused_clearly_not_chunked(slow_prefill: Stack) -> None:
-    s = slow_prefill
-    payload = orjson.dumps({"messages": MESSAGES, "max_tokens": 3, "stream": True})
-    sock = socket.create_connection(("127.0.0.1", s.edge.port))
+def _post_http_1_0(port: int, body: dict[str, Any]) -> tuple[bytes, bytes]:
+    """POST a chat completion over HTTP/1.0 on a raw socket: (head, body) of the answer."""
+    payload = orjson.dumps(body)
+    sock = socket.create_connection(("127.0.0.1", port))
     sock.sendall(
         b"POST /v1/chat/completions HTTP/1.0\r\ncontent-type: application/json\r\n"
         b"content-length: %d\r\n\r\n" % len(payload) + payload
     )
-    sock.settimeout(10)
-    raw = b""
-    while part := sock.recv(65536):
-        raw += part
+    raw = _read_all(sock)
     sock.close()
-    head, _, body = raw.partition(b"\r\n\r\n")
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    return head, rest
+
+
+def test_a_stream_over_http_1_0_is_refused_clearly_not_chunked(slow_prefill: Stack) -> None:
+    port = slow_prefill.edge.port
+    head, body = _post_http_1_0(port, {"messages": MESSAGES, "max_tokens": 3, "stream": True})
     assert head.startswith(b"HTTP/1.1 505 ")
     assert b"transfer-encoding" not in head.lower()
     assert orjson.loads(body)["error"]["code"] == "http_version_not_supported"
     # Not streamed, the same request is answered over HTTP/1.0 (a Content-Length body).
-    plain = orjson.dumps({"messages": MESSAGES, "max_tokens": 3})
-    sock = socket.create_connection(("127.0.0.1", s.edge.port))
-    sock.sendall(
-        b"POST /v1/chat/completions HTTP/1.0\r\ncontent-type: application/json\r\n"
-        b"content-length: %d\r\n\r\n" % len(plain) + plain
-    )
-    sock.settimeout(10)
-    raw = b""
-    while part := sock.recv(65536):
-        raw += part
-    sock.close()
-    head, _, body = raw.partition(b"\r\n\r\n")
+    head, body = _post_http_1_0(port, {"messages": MESSAGES, "max_tokens": 3})
     assert head.startswith(b"HTTP/1.1 200 ") and b"content-length" in head.lower()
     assert orjson.loads(body)["choices"][0]["message"]["content"]
 
