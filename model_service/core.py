@@ -49,7 +49,7 @@ class WorkerCore:
         self._idle.set()
         self._seq = 0
         self.metrics = metrics if metrics is not None else WorkerMetrics()
-        self._runtime = Runtime(engine, self, self.metrics.itl)
+        self._runtime = Runtime(engine, self, self.metrics.itl, self.store)
         # Set by the server: called when the engine dies (health -> NOT_SERVING).
         self.on_engine_dead: Callable[[], None] | None = None
 
@@ -106,7 +106,7 @@ class WorkerCore:
         """Run a prepared generation in its own task (it outlives any one consumer)."""
         self.live.add(gen)
         self._idle.clear()
-        gen.task = asyncio.create_task(gen.run(), name=f"generation {gen.request_id}")
+        gen.task = gen.loop.create_task(gen.run(), name=f"generation {gen.request_id}")
 
     def engine_died(self, err: SluiceError) -> None:
         """The engine is gone: refuse new work and report NOT_SERVING (liveness probes

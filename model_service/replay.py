@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 class Replayable(Protocol):
     request_id: str
     ended: bool
-    log_bytes: int
+    log_bytes: int  # grows while live; the generation adds each growth to `live_bytes`
 
 
 class ReplayStore:
@@ -36,6 +36,9 @@ class ReplayStore:
         self._live: dict[str, Replayable] = {}
         self._ended: OrderedDict[str, tuple[float, Replayable]] = OrderedDict()
         self._ended_bytes = 0  # running total: an ended log never changes
+        # Running total of the live logs: each live generation adds what it logs (it has
+        # this store as its `generation.Ledger`), so no eviction sums over them all.
+        self.live_bytes = 0
         self.evicted_total = 0
 
     def add(self, gen: Replayable) -> None:
@@ -47,11 +50,13 @@ class ReplayStore:
         if old is not None:
             self._ended_bytes -= old[1].log_bytes
         self._live[rid] = gen
+        self.live_bytes += gen.log_bytes
 
     def ended(self, gen: Replayable) -> None:
         """Move a generation from live to retained, then evict what is due."""
         if self._live.get(gen.request_id) is gen:
             del self._live[gen.request_id]
+            self.live_bytes -= gen.log_bytes
             self._ended[gen.request_id] = (self._clock(), gen)
             self._ended_bytes += gen.log_bytes
         self.evict()
@@ -78,8 +83,8 @@ class ReplayStore:
             self.evicted_total += 1
 
     def bytes(self) -> int:
-        """Live logs (bounded by admission) are summed; ended ones are a running total."""
-        return self._ended_bytes + sum(g.log_bytes for g in self._live.values())
+        """Live and ended logs: two running totals."""
+        return self._ended_bytes + self.live_bytes
 
     def __len__(self) -> int:
         return len(self._live) + len(self._ended)

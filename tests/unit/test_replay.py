@@ -60,3 +60,18 @@ def test_live_id_conflict_and_reuse_of_finished_id():
     b = Gen("a")
     store.add(b)  # replaces the finished log
     assert store.get("a") is b and len(store) == 1
+
+
+def test_live_logs_count_as_they_grow_without_summing_them():
+    store = ReplayStore(retention_s=1000, max_bytes=250, clock=Clock())
+    live = Gen("live", log_bytes=0)
+    store.add(live)
+    live.log_bytes += 200  # what a generation does as it logs...
+    store.live_bytes += 200  # ...and tells the store (its Ledger)
+    done = Gen("done")
+    store.add(done)
+    store.ended(done)
+    # 200 live + 100 ended > 250: the ended one goes (the live total was not summed).
+    assert store.get("done") is None and store.evicted_total == 1 and store.bytes() == 200
+    store.ended(live)
+    assert store.live_bytes == 0 and store.bytes() == 200
