@@ -255,8 +255,12 @@ class SimEngine(Engine):
                     yield self._out(text[emitted:], [], prompt, n - 1, FinishReason.STOP, req)
                     return
                 tid = rng.below(len(VOCAB))
+                if emitted > holdback:  # keep only what a stop string could still span
+                    text, emitted = text[emitted - holdback :], holdback
                 text += " " + VOCAB[tid]
-                hit = _find_stop(text, sp.stop, emitted) if n > sp.min_tokens else None
+                hit = None
+                if sp.stop and n > sp.min_tokens:
+                    hit = _find_stop(text, sp.stop, emitted)
                 if hit is not None:
                     pos, stop = hit
                     yield self._out(
