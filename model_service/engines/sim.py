@@ -242,7 +242,8 @@ class SimEngine(Engine):
             # Hold back text that could be the start of a stop string, as real engines do.
             holdback = max((len(s) for s in sp.stop), default=1) - 1
             text, emitted, n, prompt = "", 0, 0, len(prompt_ids)
-            await asyncio.sleep(opts.ttft_s)
+            if opts.ttft_s > 0:  # prefill (zero: the first token at once)
+                await asyncio.sleep(opts.ttft_s)
             while not req.aborted:
                 n += 1
                 if n > 1 and opts.token_delay_s > 0:
