@@ -74,6 +74,16 @@ class Runtime:
 class Generation:
     """One request on the engine and its replay log."""
 
+    # Ended generations stay in the replay store for its retention: no __dict__ each.
+    __slots__ = (
+        "_cached_tokens", "_cancel_reason", "_completion_tokens", "_detach_timer",
+        "_first_token_at", "_last_token_at", "_listeners", "_prompt_tokens", "_reason",
+        "_rt", "_scheduled_at", "_started", "_timing", "_tokens_at_detach", "_waiters",
+        "arrived", "detach_grace_s", "ended", "engine_id", "error", "log", "log_bytes",
+        "loop", "request", "request_id", "stamp", "subscribers", "task", "timeout_s",
+        "trace_id",
+    )  # fmt: skip
+
     def __init__(
         self,
         rt: Runtime,
