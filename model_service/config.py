@@ -138,6 +138,10 @@ class WorkerConfig:
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     log_level: str = "info"
+    # One info record per generation (request_id, trace_id, code, tokens, timings), as
+    # uvicorn's access log; off, they are debug records. It costs as much as the rest of a
+    # short request's bookkeeping, so the CLI turns it on only with --log-format json.
+    access_log: bool = False
     # Event loop, as uvicorn's --loop: uvloop when installed (cheaper per message), else
     # asyncio's own.
     loop: str = "auto"
@@ -202,6 +206,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--log-level", default=d.log_level)
     p.add_argument(
+        "--access-log",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="an info record per generation (default: on with --log-format json)",
+    )
+    p.add_argument(
         "--loop",
         choices=LOOPS,
         default=d.loop,
@@ -257,5 +267,6 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
             max_bytes=int(args.replay_max_mb * 2**20),
         ),
         log_level=args.log_level,
+        access_log=args.log_format == "json" if args.access_log is None else args.access_log,
         loop=args.loop,
     )

@@ -48,8 +48,9 @@ class WorkerCore:
         self._idle = asyncio.Event()
         self._idle.set()
         self._seq = 0
+        self._record_level = logging.INFO if config.access_log else logging.DEBUG
         self.metrics = metrics if metrics is not None else WorkerMetrics()
-        self._runtime = Runtime(engine, self, self.metrics.itl)
+        self._runtime = Runtime(engine, self, self.metrics.itl, self.store)
         # Set by the server: called when the engine dies (health -> NOT_SERVING).
         self.on_engine_dead: Callable[[], None] | None = None
 
@@ -107,7 +108,7 @@ class WorkerCore:
         """Run a prepared generation in its own task (it outlives any one consumer)."""
         self.live.add(gen)
         self._idle.clear()
-        gen.task = asyncio.create_task(gen.run(), name=f"generation {gen.request_id}")
+        gen.task = gen.loop.create_task(gen.run(), name=f"generation {gen.request_id}")
 
     def engine_died(self, err: SluiceError) -> None:
         """The engine is gone: refuse new work and report NOT_SERVING (liveness probes
@@ -121,7 +122,8 @@ class WorkerCore:
     def refused(self, err: SluiceError, request_id: str, trace_id: str = "") -> None:
         """A start that never became a generation."""
         self.metrics.refused(err.code.name)
-        log.debug(
+        log.log(
+            self._record_level,
             "generation refused: %s",
             err.message,
             extra={"request_id": request_id, "trace_id": trace_id, "code": err.code.name},
@@ -134,8 +136,7 @@ class WorkerCore:
         self.metrics.ended(
             summary["code"], summary["prompt_tokens"], summary["completion_tokens"], timing
         )
-        # Debug: a record per generation costs more than the rest of its bookkeeping.
-        log.info("generation ended: %s", summary["reason"], extra=summary)
+        log.log(self._record_level, "generation ended: %s", summary["reason"], extra=summary)
         self.live.discard(gen)
         self.admission.release()
         self.store.ended(gen)

@@ -55,6 +55,12 @@ class Observer(Protocol):
     def observe(self, value: float) -> None: ...
 
 
+class Ledger(Protocol):
+    """Where the sizes of running generations' logs add up (the replay store, for its cap)."""
+
+    live_bytes: int
+
+
 @dataclass(frozen=True, slots=True)
 class Runtime:
     """What all generations of one worker share."""
@@ -62,10 +68,22 @@ class Runtime:
     engine: Engine
     hooks: Hooks
     itl: Observer  # inter-token gaps, seconds (lock-free: observed per token chunk)
+    ledger: Ledger
 
 
 class Generation:
     """One request on the engine and its replay log."""
+
+    # Ended generations stay in the replay store for its retention: no __dict__ each.
+    __slots__ = (
+        "_cached_tokens", "_cancel_reason", "_completion_tokens", "_detach_timer",
+        "_first_token_at", "_last_token_at", "_listeners", "_prompt_tokens", "_reason",
+        "_rt", "_scheduled_at", "_started", "_tail_text", "_timing", "_tokens_at_detach",
+        "_waiters",
+        "arrived", "detach_grace_s", "ended", "engine_id", "error", "log", "log_bytes",
+        "loop", "request", "request_id", "stamp", "subscribers", "task", "timeout_s",
+        "trace_id",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -94,7 +112,7 @@ class Generation:
         self.ended = False
         self.error: SluiceError | None = None  # set before the final message is logged
         self.subscribers = 0
-        self._loop = asyncio.get_running_loop()
+        self.loop = asyncio.get_running_loop()  # once: each call is a getpid on Python 3.11
         self._waiters: list[asyncio.Future[None]] = []  # of consumers waiting for a change
         self._listeners: list[Listener] = []
         self._tail_text: list[str] = []  # text merged into the newest entry, not yet in it
@@ -109,6 +127,7 @@ class Generation:
         self._first_token_at: float | None = None
         self._last_token_at = 0.0
         self._reason = FinishReason.ERROR
+        self._timing: tuple[int, int, int] | None = None  # taken once, at the final
 
     @property
     def index(self) -> int:
@@ -145,7 +164,7 @@ class Generation:
     def changed(self) -> asyncio.Future[None]:
         """Resolved at the next change (a new entry or the end). One per waiting consumer:
         a consumer cancelled while it waits cancels its own future, nobody else's."""
-        fut = self._loop.create_future()
+        fut = self.loop.create_future()
         self._waiters.append(fut)
         return fut
 
@@ -163,7 +182,7 @@ class Generation:
             self.cancel(DETACH_EXPIRED)
             return
         self._tokens_at_detach = self._completion_tokens
-        self._detach_timer = self._loop.call_later(self.detach_grace_s, self._detach_expired)
+        self._detach_timer = self.loop.call_later(self.detach_grace_s, self._detach_expired)
 
     def _detach_expired(self) -> None:
         self._detach_timer = None
@@ -203,7 +222,9 @@ class Generation:
             self._tail_text = []
         raw: bytes = self.log[i].SerializeToString()  # type: ignore[union-attr]
         self.log[i] = raw
-        self.log_bytes += len(raw) + ENTRY_OVERHEAD_BYTES
+        size = len(raw) + ENTRY_OVERHEAD_BYTES
+        self.log_bytes += size
+        self._rt.ledger.live_bytes += size
         return raw
 
     def _append(self, msg: pb.GenerateResponse) -> None:
@@ -233,7 +254,7 @@ class Generation:
 
     def summary(self) -> dict[str, Any]:
         """The generation's outcome, for metrics and the per-request log record."""
-        queue_us, ttft_us, total_us = self._timing_us()
+        queue_us, ttft_us, total_us = self._timing or self._timing_us()
         if self.error is not None:
             code = self.error.code.name
         else:
@@ -266,7 +287,7 @@ class Generation:
     ) -> None:
         self._reason = reason
         usage = (self._prompt_tokens, self._completion_tokens, self._cached_tokens)
-        timing = self._timing_us()
+        timing = self._timing = self._timing_us()
         msg = convert.final_to_pb(
             self.request_id, self.index, reason, usage, timing, stop_sequence=stop, error=error
         )
@@ -307,7 +328,7 @@ class Generation:
         itl = self._rt.itl
         deadline = None
         if self.timeout_s is not None:  # one timer, and only for generations with a deadline
-            deadline = self._loop.call_later(self.timeout_s, self._deadline_passed)
+            deadline = self.loop.call_later(self.timeout_s, self._deadline_passed)
         self.request.request_id = self.engine_id
         outputs = self._rt.engine.generate(self.request)
         finished = False

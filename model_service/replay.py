@@ -16,8 +16,6 @@ from typing import TYPE_CHECKING, Protocol
 
 from model_service.errors import AlreadyExists, Overloaded
 
-LIVE_RECOUNT_S = 0.1  # how stale the running logs' total may be when admitting
-
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -25,7 +23,7 @@ if TYPE_CHECKING:
 class Replayable(Protocol):
     request_id: str
     ended: bool
-    log_bytes: int
+    log_bytes: int  # grows while live; the generation adds each growth to `live_bytes`
 
 
 class ReplayStore:
@@ -40,10 +38,11 @@ class ReplayStore:
         self._live: dict[str, Replayable] = {}
         self._ended: OrderedDict[str, tuple[float, Replayable]] = OrderedDict()
         self._ended_bytes = 0  # running total: an ended log never changes
+        # Running total of the live logs: each live generation adds what it logs (it has
+        # this store as its `generation.Ledger`), so no eviction sums over them all.
+        self.live_bytes = 0
         self.evicted_total = 0
         self.refused_total = 0  # starts refused while running logs were over the cap
-        self._live_bytes = 0
-        self._live_counted_at = -LIVE_RECOUNT_S
 
     def add(self, gen: Replayable) -> None:
         """Register a new generation; a live one with the same id is a conflict."""
@@ -54,17 +53,14 @@ class ReplayStore:
         if old is not None:
             self._ended_bytes -= old[1].log_bytes
         self._live[rid] = gen
+        self.live_bytes += gen.log_bytes
 
     def admit(self) -> None:
         """Raise Overloaded while the running generations' logs are over the cap."""
-        now = self._clock()
-        if now - self._live_counted_at >= LIVE_RECOUNT_S:  # a sum over live: not per start
-            self._live_bytes = sum(g.log_bytes for g in self._live.values())
-            self._live_counted_at = now
-        if self._live_bytes > self.max_bytes:
+        if self.live_bytes > self.max_bytes:
             self.refused_total += 1
             raise Overloaded(
-                f"the replay logs of running generations hold {self._live_bytes} bytes, over "
+                f"the replay logs of running generations hold {self.live_bytes} bytes, over "
                 f"this worker's --replay-max-mb; retry when some have ended",
                 retry_after_s=1.0,
             )
@@ -73,6 +69,7 @@ class ReplayStore:
         """Move a generation from live to retained, then evict what is due."""
         if self._live.get(gen.request_id) is gen:
             del self._live[gen.request_id]
+            self.live_bytes -= gen.log_bytes
             self._ended[gen.request_id] = (self._clock(), gen)
             self._ended_bytes += gen.log_bytes
         self.evict()
@@ -99,8 +96,8 @@ class ReplayStore:
             self.evicted_total += 1
 
     def bytes(self) -> int:
-        """Live logs (bounded by admission) are summed; ended ones are a running total."""
-        return self._ended_bytes + sum(g.log_bytes for g in self._live.values())
+        """Live and ended logs: two running totals."""
+        return self._ended_bytes + self.live_bytes
 
     def __len__(self) -> int:
         return len(self._live) + len(self._ended)

@@ -17,6 +17,12 @@ Worker CPU is utime + stime of /proc/PID/stat (all its threads: the event loop a
 poller), read at the start and the end of the window, after `--warmup` seconds.
 Results go to scripts/results/worker-cpu.json under `--label` (other labels are kept).
 This is a benchmark, not a test: numbers depend on the machine and its load.
+
+`--floor` measures, with the same client, a bare grpc.aio server instead of the worker:
+it answers each Generate with the same shape of RPC (read the start, a reader for the
+rest, acceptance metadata, pre-serialized messages, status), with no engine and no
+bookkeeping: 1-token chunks every 20 ms from one timer for all streams, or a chunk and a
+final for max_tokens=1. What it costs is what grpc.aio costs; the worker can only add.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -38,7 +45,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from generated import sluice_pb2 as pb  # noqa: E402
-from tests.procs import start_worker  # noqa: E402
+from model_service.server import write_port_file  # noqa: E402
+from tests.procs import Proc, start_worker  # noqa: E402
 
 RESULTS = ROOT / "scripts" / "results" / "worker-cpu.json"
 GENERATE = "/sluice.v1.Generation/Generate"
@@ -170,6 +178,74 @@ async def measure(args: argparse.Namespace, address: str, pid: int) -> dict[str,
     return out
 
 
+async def serve_floor(port_file: str) -> None:
+    """The bare grpc.aio server of `--floor` (module docstring)."""
+    rid = "f" * 32
+    chunk = pb.GenerateResponse(
+        request_id=rid, index=1, chunk=pb.TokenChunk(text=" a", token_ids=[1])
+    )
+    final = pb.GenerateResponse(
+        request_id=rid, index=1, final=pb.Final(reason=pb.FINISH_REASON_LENGTH)
+    )
+    chunk_raw, final_raw = chunk.SerializeToString(), final.SerializeToString()
+    loop = asyncio.get_running_loop()
+    waiting: list[asyncio.Future[None]] = []
+
+    def step() -> None:
+        for fut in waiting:
+            if not fut.done():
+                fut.set_result(None)
+        waiting.clear()
+        loop.call_later(0.02, step)
+
+    async def generate(requests: Any, context: grpc.aio.ServicerContext) -> None:
+        start = (await context.read()).start
+
+        async def watch() -> None:
+            while await context.read() is not grpc.aio.EOF:
+                pass
+
+        reader = asyncio.create_task(watch())
+        try:
+            await context.send_initial_metadata((("x-sluice-request-id", start.request_id),))
+            if start.sampling.max_tokens == 1:
+                await context.write(chunk_raw)
+                await context.write(final_raw)
+                return
+            while True:
+                waiting.append(fut := loop.create_future())
+                await fut
+                await context.write(chunk_raw)
+        finally:
+            reader.cancel()
+
+    server = grpc.aio.server()
+    handler = grpc.stream_stream_rpc_method_handler(
+        generate, request_deserializer=pb.GenerateRequest.FromString
+    )
+    generic = grpc.method_handlers_generic_handler("sluice.v1.Generation", {"Generate": handler})
+    server.add_generic_rpc_handlers((generic,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    step()
+    write_port_file(port_file, port)
+    await server.wait_for_termination()
+
+
+def start_floor(loop: str) -> Proc:
+    port_file = Path(tempfile.mkdtemp(prefix="sluice-floor-")) / "port"
+    log = port_file.with_name("log")
+    cmd = [sys.executable, __file__, "--serve-floor", str(port_file), "--floor-loop", loop]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    for _ in range(200):
+        if port_file.exists() and port_file.read_text():
+            return Proc(proc, int(port_file.read_text()), log)
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"floor server did not start:\n{log.read_text()}")
+
+
 def git_commit() -> str:
     cmd = ["git", "-C", str(ROOT), "describe", "--always", "--dirty"]
     return subprocess.run(cmd, capture_output=True, text=True).stdout.strip()
@@ -184,9 +260,21 @@ def main() -> int:
     p.add_argument("--label", default="run", help="key of this run in the JSON file")
     p.add_argument("--worker-arg", action="append", default=[], help="extra worker flag")
     p.add_argument("--out", default=str(RESULTS))
+    p.add_argument("--floor", action="store_true", help="measure a bare grpc.aio server")
+    p.add_argument("--floor-loop", choices=("auto", "asyncio", "uvloop"), default="auto")
+    p.add_argument("--serve-floor", metavar="PORT_FILE", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.serve_floor:
+        from model_service.__main__ import run
+
+        run(serve_floor(args.serve_floor), args.floor_loop)
+        return 0
     worker_args = [*WORKER_ARGS, *args.worker_arg]
-    proc = start_worker(*worker_args)
+    if args.floor:
+        worker_args = ["(none: bare grpc.aio server, --floor-loop", args.floor_loop + ")"]
+        proc = start_floor(args.floor_loop)
+    else:
+        proc = start_worker(*worker_args)
     try:
         results = asyncio.run(measure(args, proc.address, proc.pid))
     finally:
@@ -197,7 +285,7 @@ def main() -> int:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "python": platform.python_version(),
         "grpcio": grpc.__version__,
-        "worker": "python -m model_service " + " ".join(worker_args),
+        "worker": ("python -m model_service " if not args.floor else "") + " ".join(worker_args),
         "client": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         **results,
     }

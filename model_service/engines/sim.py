@@ -242,7 +242,8 @@ class SimEngine(Engine):
             # Hold back text that could be the start of a stop string, as real engines do.
             holdback = max((len(s) for s in sp.stop), default=1) - 1
             text, emitted, n, prompt = "", 0, 0, len(prompt_ids)
-            await asyncio.sleep(opts.ttft_s)
+            if opts.ttft_s > 0:  # prefill (zero: the first token at once)
+                await asyncio.sleep(opts.ttft_s)
             while not req.aborted:
                 n += 1
                 if n > 1 and opts.token_delay_s > 0:
@@ -255,8 +256,12 @@ class SimEngine(Engine):
                     yield self._out(text[emitted:], [], prompt, n - 1, FinishReason.STOP, req)
                     return
                 tid = rng.below(len(VOCAB))
+                if emitted > holdback:  # keep only what a stop string could still span
+                    text, emitted = text[emitted - holdback :], holdback
                 text += " " + VOCAB[tid]
-                hit = _find_stop(text, sp.stop, emitted) if n > sp.min_tokens else None
+                hit = None
+                if sp.stop and n > sp.min_tokens:
+                    hit = _find_stop(text, sp.stop, emitted)
                 if hit is not None:
                     pos, stop = hit
                     yield self._out(

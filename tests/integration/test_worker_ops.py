@@ -146,11 +146,7 @@ def test_mtls_accepts_only_clients_with_a_cert_from_its_ca(pki):
 
 
 def test_json_logs_carry_the_callers_request_id():
-    # Each generation's end is a debug record (one per request costs more than the rest of
-    # its bookkeeping); a refused start is one too.
-    w = start_worker(
-        "--engine", "sim", "--sim-token-delay", "0", "--log-format", "json", "--log-level", "debug"
-    )  # fmt: skip
+    w = start_worker("--engine", "sim", "--sim-token-delay", "0", "--log-format", "json")
     try:
         with grpc.insecure_channel(w.address) as ch:
             stub = pb_grpc.GenerationStub(ch)
@@ -167,3 +163,16 @@ def test_json_logs_carry_the_callers_request_id():
     assert ends and ends[-1]["trace_id"] == "trace-abc"
     assert ends[-1]["completion_tokens"] == 4 and ends[-1]["code"] == "OK"
     assert all({"ts", "level", "logger", "msg"} <= r.keys() for r in records)
+
+
+@pytest.mark.parametrize(("flags", "logged"), [((), False), (("--access-log",), True)])
+def test_text_logs_record_each_generation_only_when_asked(flags, logged):
+    """A record per generation costs as much as the rest of a short request: with text
+    logs it is a debug record unless --access-log (JSON logs have it by default)."""
+    w = start_worker("--engine", "sim", "--sim-token-delay", "0", *flags)
+    try:
+        with grpc.insecure_channel(w.address) as ch:
+            list(pb_grpc.GenerationStub(ch).Generate(iter([start_msg("txt-1", max_tokens=2)])))
+    finally:
+        w.terminate()
+    assert ("generation ended" in w.log()) is logged

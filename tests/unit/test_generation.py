@@ -11,6 +11,7 @@ from model_service.engines.sim import SimEngine
 from model_service.errors import SluiceError
 from model_service.generation import CLIENT_CANCEL, Generation, Runtime
 from model_service.histogram import Histogram
+from model_service.replay import ReplayStore
 from model_service.types import GenerationRequest, SamplingParams
 
 
@@ -21,9 +22,11 @@ class Hooks:
         self.ended: list[Generation] = []
         self.dead: list[SluiceError] = []
         self.wasted: list[int] = []
+        self.store = ReplayStore(retention_s=60, max_bytes=1 << 20)
 
     def finished(self, gen: Generation) -> None:
         self.ended.append(gen)
+        self.store.ended(gen)
 
     def engine_died(self, err: SluiceError) -> None:
         self.dead.append(err)
@@ -38,11 +41,12 @@ async def make(
     engine = SimEngine(EngineConfig(engine="sim", sim=SimOptions(ttft_s=0, token_delay_s=delay)))
     await engine.start()
     hooks = Hooks()
-    rt = Runtime(engine, hooks, Histogram((0.01, 0.1)))
+    rt = Runtime(engine, hooks, Histogram((0.01, 0.1)), hooks.store)
     sampling = SamplingParams(max_tokens=max_tokens, temperature=0, **sp)  # type: ignore[arg-type]
     req = GenerationRequest(request_id="g", sampling=sampling, prompt="hello there")
     req.prompt_token_ids = await engine.tokenize(req)
     gen = Generation(rt, req, engine_id="g#1", arrived=0.0, timeout_s=None, detach_grace_s=grace)
+    hooks.store.add(gen)
     return gen, hooks
 
 
@@ -78,6 +82,8 @@ async def test_replay_yields_the_exact_bytes_that_were_sent() -> None:
     assert msgs[-1].final.usage.completion_tokens == 12
     assert all(isinstance(e, bytes) for e in gen.log) and hooks.ended == [gen]
     assert gen.log_bytes >= sum(len(raw) for raw in live)
+    # The store's running totals followed the log as it grew, then moved it to ended.
+    assert hooks.store.live_bytes == 0 and hooks.store.bytes() == gen.log_bytes
 
 
 async def test_tokens_merge_only_into_an_entry_nobody_took() -> None:

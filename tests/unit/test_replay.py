@@ -71,13 +71,26 @@ def test_running_logs_over_the_cap_refuse_new_generations():
     big = Gen("big", log_bytes=100)
     store.add(big)
     store.admit()  # under the cap
-    big.log_bytes = 300  # it ran on (a detached generation nobody reads)
-    store.admit()  # counted again only every LIVE_RECOUNT_S: not refused yet
-    clock.t = 1.0
+    big.log_bytes += 200  # it ran on (a detached generation nobody reads)...
+    store.live_bytes += 200  # ...and told the store (its Ledger)
     with pytest.raises(Overloaded) as err:
         store.admit()
     assert err.value.retryable and "replay-max-mb" in err.value.message
     assert store.refused_total == 1
     store.ended(big)  # ended logs are evicted instead, so new work is admitted again
-    clock.t = 2.0
     store.admit()
+
+
+def test_live_logs_count_as_they_grow_without_summing_them():
+    store = ReplayStore(retention_s=1000, max_bytes=250, clock=Clock())
+    live = Gen("live", log_bytes=0)
+    store.add(live)
+    live.log_bytes += 200  # what a generation does as it logs...
+    store.live_bytes += 200  # ...and tells the store (its Ledger)
+    done = Gen("done")
+    store.add(done)
+    store.ended(done)
+    # 200 live + 100 ended > 250: the ended one goes (the live total was not summed).
+    assert store.get("done") is None and store.evicted_total == 1 and store.bytes() == 200
+    store.ended(live)
+    assert store.live_bytes == 0 and store.bytes() == 200

@@ -60,3 +60,10 @@ def test_default_detach_grace_is_named_as_a_default() -> None:
     assert parse("--default-detach-grace", "2.5").replay.default_detach_grace_s == 2.5
     with pytest.raises(SystemExit):  # the edge's --detach-grace is another setting
         parse("--detach-grace", "1")
+
+
+def test_access_log_follows_the_log_format_unless_told() -> None:
+    assert parse().access_log is False
+    assert parse("--log-format", "json").access_log is True
+    assert parse("--log-format", "json", "--no-access-log").access_log is False
+    assert parse("--access-log").access_log is True
