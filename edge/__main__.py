@@ -121,6 +121,9 @@ def bind(host: str, port: int, sndbuf: int = 0) -> socket.socket:
 
 def uvicorn_config(app: object, edge: EdgeConfig, **extra: object) -> uvicorn.Config:
     s = edge.server
+    # One process drains in EdgeServer first; uvicorn's processes (--processes N) run
+    # uvicorn's own server, whose graceful shutdown is then the drain.
+    grace = FINAL_GRACE_S if s.processes == 1 else int(s.drain_grace_s) or 1
     return LimitedConfig(  # httptools, with bounds on request heads
         app,
         s,
@@ -129,7 +132,7 @@ def uvicorn_config(app: object, edge: EdgeConfig, **extra: object) -> uvicorn.Co
         access_log=s.access_log and s.log_format != "json",  # JSON: edge.obs has its own
         log_config=log_config(s.log_format, s.log_level),  # applied in every process
         log_level=s.log_level,
-        timeout_graceful_shutdown=FINAL_GRACE_S,  # the drain itself happened before
+        timeout_graceful_shutdown=grace,
         **extra,  # type: ignore[arg-type]
     )
 

@@ -119,10 +119,11 @@ class ResumeCodec:
         else:
             form, rid_bytes = _FORM_TEXT, rid.encode()
         worker = _unb64(origin.worker)
-        if len(worker) != WORKER_BYTES or len(origin.owner) != TAG_BYTES:
-            raise ValueError("worker key or owner tag of the wrong size")
+        if len(worker) != WORKER_BYTES or {len(origin.owner), len(origin.body)} != {TAG_BYTES}:
+            raise ValueError("worker key or tags of the wrong size")
         signed = worker + origin.owner + origin.body + rid_bytes
-        mac = self._mac(purpose, bytes((form,)) + signed + extra)
+        # `|` ends the variable-length request id, so no byte of it can pass for `extra`.
+        mac = self._mac(purpose, bytes((form,)) + signed + b"|" + extra)
         return _b64(bytes((form,)) + mac + signed)
 
     def _open(self, purpose: bytes, token: str, extra: bytes = b"") -> Origin | None:
@@ -134,7 +135,7 @@ class ResumeCodec:
         if len(raw) < 1 + _HEAD or raw[0] not in (_FORM_TEXT, _FORM_HEX):
             return None
         form, mac, signed = raw[0], raw[1 : 1 + MAC_BYTES], raw[1 + MAC_BYTES :]
-        if not hmac.compare_digest(mac, self._mac(purpose, bytes((form,)) + signed + extra)):
+        if not hmac.compare_digest(mac, self._mac(purpose, bytes((form,)) + signed + b"|" + extra)):
             return None
         w, o = WORKER_BYTES, WORKER_BYTES + TAG_BYTES
         rid_bytes = signed[o + TAG_BYTES :]

@@ -109,9 +109,9 @@ class GenerationResponse:
             await self._run(send)
         except asyncio.CancelledError:
             if not self._gone:
-                # The server's cancel (drain grace over): a last retryable error event
-                # rather than a cut connection, then go.
-                if self._committed and not self._complete:
+                # The server's cancel (drain grace over): a last retryable error (an event,
+                # or a 503 before anything was sent) rather than a cut connection, then go.
+                if not self._complete:
                     await self._fail(send, DRAINING)
                 raise
             task.uncancel()  # our own cancel (the client left), not the server's
@@ -120,8 +120,8 @@ class GenerationResponse:
             self._running = False
             watcher.cancel()
             self.call.cancel()  # a no-op once the RPC ended; else the worker aborts now
+            metrics.stream_ended()  # before the await: a cancel there must not skip it
             await asyncio.gather(watcher, return_exceptions=True)
-            metrics.stream_ended()
 
     # -- the body ---------------------------------------------------------------------
 
@@ -283,7 +283,7 @@ class GenerationResponse:
         """The 200, the SSE headers and the opening event (once, by whoever comes first)."""
         if self._committed:
             if self._watcher_write is not None and not watcher:
-                await self._watcher_write  # the watcher is committing: its opening first
+                await asyncio.shield(self._watcher_write)  # the watcher's opening first
             return
         self._committed = True
         self._busy = True
@@ -322,7 +322,9 @@ class GenerationResponse:
         self, send: Send, data: bytes, *, more: bool = True, watcher: bool = False
     ) -> None:
         if self._watcher_write is not None and not watcher:
-            await self._watcher_write
+            # Shielded: the body being cancelled here must not cancel the watcher's future
+            # (its drain error event waits on it again).
+            await asyncio.shield(self._watcher_write)
         if not more:
             self._complete = True
         self._busy = True

@@ -66,6 +66,14 @@ def test_drain_past_its_grace_ends_streams_with_a_retryable_error_and_readyz_503
             base = f"http://{edge.address}"
             wait_ready(base)
             events: list[dict[str, str]] = []
+            whole: dict[str, httpx.Response] = {}
+            long_whole = {**BODY, "max_tokens": 200, "min_tokens": 200}
+            waiting = threading.Thread(
+                target=lambda: whole.update(
+                    r=httpx.post(f"{base}/v1/chat/completions", json=long_whole, timeout=15)
+                )
+            )
+            waiting.start()  # not streamed: nothing is sent until its end
             with httpx.Client(timeout=15) as c:
                 long = {**BODY, "max_tokens": 200, "min_tokens": 200, "stream": True}
                 with c.stream("POST", f"{base}/v1/chat/completions", json=long) as resp:
@@ -77,7 +85,11 @@ def test_drain_past_its_grace_ends_streams_with_a_retryable_error_and_readyz_503
                     ready = httpx.get(f"{base}/readyz", timeout=5)
                     refused = httpx.post(f"{base}/v1/completions", json={"prompt": "x"}, timeout=5)
                     raw += b"".join(parts)  # to the end: the response must close cleanly
+            waiting.join(15)
             assert ready.status_code == 503 and ready.json()["draining"] is True
+            # Review finding: one with nothing sent yet got uvicorn's plain 500.
+            assert whole["r"].status_code == 503
+            assert whole["r"].json()["error"]["code"] == "unavailable"
             assert refused.status_code == 503 and "retry-after" in refused.headers
             assert edge.proc.wait(15) == 0
         finally:

@@ -1,5 +1,6 @@
 """Signed event ids and stream links: round trips, owner binding, every forgery refused."""
 
+import base64
 import time
 
 import pytest
@@ -104,3 +105,21 @@ def test_non_ascii_stream_link_is_not_found_not_a_crash():
     with pytest.raises(ApiError) as e:
         CODEC.open_stream(f"{'é' * len(head)}.{exp}")
     assert e.value.status == 404
+
+
+def test_a_stream_links_request_id_cannot_leak_into_its_expiry():
+    """Review finding: with nothing between the request id and the expiry under the MAC,
+    the id's last byte could be moved into the expiry (a link that never expires)."""
+    token, _ = CODEC.stream_token(origin("ab-c1-42"), ttl_s=60)
+    head, exp = token.split(".")
+    raw = base64.urlsafe_b64decode(head + "=" * (-len(head) % 4))
+    moved = chr(raw[-1]) + exp  # "2" + the expiry: still all digits
+    shorter = base64.urlsafe_b64encode(raw[:-1]).rstrip(b"=").decode()
+    with pytest.raises(ApiError) as e:
+        CODEC.open_stream(f"{shorter}.{moved}")
+    assert e.value.status == 404
+
+
+def test_tags_of_the_wrong_size_are_refused_when_signing():
+    with pytest.raises(ValueError):
+        CODEC.prefix(Origin("abc", W, OWNER, b"x"))
