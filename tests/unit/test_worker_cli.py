@@ -58,7 +58,7 @@ def test_a_bare_worker_tries_vllm_and_says_it_needs_a_model() -> None:
 
 def test_default_detach_grace_is_named_as_a_default() -> None:
     assert parse("--default-detach-grace", "2.5").replay.default_detach_grace_s == 2.5
-    with pytest.raises(SystemExit):  # the edge's --detach-grace is another setting
+    with pytest.raises(SystemExit):  # the old name: the edge has --openai-detach-grace
         parse("--detach-grace", "1")
 
 
