@@ -43,6 +43,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._refused = False
+        self._began = False  # a head began within the read being parsed
         self._head_timer: asyncio.TimerHandle | None = None
         self._start_head()
 
@@ -67,11 +68,13 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
+        self._began = False
         super().data_received(data)
         # Still in the head after all of it: every byte was head (a head that never ends
-        # is bounded here, one read past the limit at most).
+        # is bounded here, one read past the limit at most), unless this head began
+        # within this read (a pipelined request after a body): then what was parsed of it.
         if self._heading and not self._refused:
-            self._head_bytes += len(data)
+            self._head_bytes = self._head_size if self._began else self._head_bytes + len(data)
             if self._head_bytes > self.max_head_bytes:
                 self._refuse(431, "request header fields too large")
 
@@ -83,6 +86,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().on_message_begin()
         if not self._heading:
             self._start_head()
+            self._began = True
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._refused:

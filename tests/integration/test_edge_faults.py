@@ -347,3 +347,25 @@ def test_detached_streams_hold_their_keys_slots_until_read_or_expired(
     assert create().status_code == 429  # the unread second one still holds its slot ...
     # ... until the stream grace runs out with nobody reading it.
     _wait_for(lambda: create().status_code == 201, timeout=6.0)
+
+
+def test_a_pipelined_request_after_a_large_body_is_not_taken_for_a_large_head(
+    strict_heads: Stack,
+) -> None:
+    """Review finding: the bytes of a body read together with the next request's head
+    counted as head bytes (a false 431)."""
+    big = orjson.dumps({"messages": MESSAGES, "max_tokens": 1, "padding": "p" * 20_000})
+    first = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n" % len(big) + big
+    )
+    sock = socket.create_connection(("127.0.0.1", strict_heads.edge.port))
+    # The large body's tail and the start of the next head in one write, the head's end
+    # in another: the edge reads the tail and the unfinished head together.
+    sock.sendall(first[:-5000])
+    sock.sendall(first[-5000:] + b"GET /healthz HTTP/1.1\r\nhost: x\r\n")
+    time.sleep(0.2)  # the slow part of a pipelining client: its head arrives in two reads
+    sock.sendall(b"connection: close\r\n\r\n")
+    raw = _read_all(sock)
+    sock.close()
+    assert raw.count(b"HTTP/1.1 ") == 2 and b" 431 " not in raw, raw[:200]
