@@ -4,7 +4,9 @@
 worker, never twice on the same one, at most `max_tries` in all:
 
 - Before anything was forwarded, a refusal or failure with UNAVAILABLE (worker gone,
-  draining, connection refused) or RESOURCE_EXHAUSTED is retried on another worker, while
+  draining, connection refused), RESOURCE_EXHAUSTED, or a broken upstream stream (a
+  worker killed mid-call can end it INTERNAL or UNKNOWN, a 502) is retried on another
+  worker, while
   the retry budget (`--retry-budget` seconds from the failure) lasts. The response never
   notices: it is still waiting for its first message.
 - After tokens were forwarded, a broken stream (UNAVAILABLE, a stream cut short) is
@@ -48,7 +50,7 @@ from generated import sluice_pb2 as pb
 
 log = logging.getLogger("sluice.edge")
 
-RETRY_BEFORE_TOKENS = frozenset({"unavailable", "overloaded"})
+RETRY_BEFORE_TOKENS = frozenset({"unavailable", "overloaded", "upstream_error"})
 CONTINUE_AFTER = frozenset({"unavailable", "upstream_error"})
 PASSIVE_FAILURES = frozenset({"unavailable", "upstream_error"})
 
