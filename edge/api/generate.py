@@ -157,7 +157,8 @@ async def generate(state: EdgeState, request: Request, kind: Kind) -> Response |
     timeout = timeout_s(request, p.req.stream, cfg.request_timeout_s)
     call = _failover(state, p, cfg.detach_grace_s, timeout, stamps)
     model = p.req.model or call.worker.model_id()
-    fmt = make_format(kind, p.request_id, model, created_at(p.request_id), p.req.include_usage)
+    req = p.req
+    fmt = make_format(kind, p.request_id, model, created_at(p.request_id), req.include_usage, req.n)
     job = Job(
         request_id=p.request_id,
         trace_id=p.trace_id,
@@ -172,6 +173,7 @@ async def generate(state: EdgeState, request: Request, kind: Kind) -> Response |
         name_worker=True,
         owner=p.owner,
         body=p.body,
+        rich=req.n > 1 or bool(req.tools) or req.continuous_usage,
     )
     return GenerationResponse(job)
 
@@ -219,6 +221,7 @@ def _resume(
         resumed="stream_link" if from_start else "last_event_id",
         owner=point.origin.owner,
         body=point.origin.body,
+        rich=True,  # the original request's shape is not known here: any chunk may come
     )
     return GenerationResponse(job)
 
