@@ -30,7 +30,7 @@ _UNSUPPORTED_CHAT = ("functions", "function_call", "audio", "modalities", "predi
 _UNSUPPORTED_COMPLETION = ("suffix",)
 MAX_N = 16  # the contract's limit
 
-Kind = Literal["chat", "completion"]
+Kind = Literal["chat", "completion", "responses"]
 
 
 @dataclass(slots=True)
@@ -65,6 +65,7 @@ class GenRequest:
     tools: list[pb.Tool] = field(default_factory=list)
     tool_choice: pb.ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    echo: dict[str, Any] = field(default_factory=dict)  # Responses API: fields it echoes
 
     def to_start(
         self, request_id: str, *, timeout_ms: int = 0, detach_grace_ms: int = 0
@@ -193,13 +194,13 @@ def _stop(body: dict[str, Any]) -> list[str]:
     return stops
 
 
-def _refuse_unsupported(body: dict[str, Any], names: tuple[str, ...]) -> None:
+def refuse_unsupported(body: dict[str, Any], names: tuple[str, ...]) -> None:
     for name in names:
         if body.get(name):
             raise invalid(name, f"'{name}' is not supported by this server")
 
 
-def _common(body: dict[str, Any], req: GenRequest) -> None:
+def common(body: dict[str, Any], req: GenRequest) -> None:
     """Fields shared by both endpoints."""
     req.model = _str(body, "model", MAX_MODEL_NAME) or ""
     req.temperature = _num(body, "temperature", 0.0, 2.0)
@@ -288,9 +289,9 @@ def _messages(body: dict[str, Any]) -> list[pb.ChatMessage]:
 
 def parse_chat(body: dict[str, Any]) -> GenRequest:
     """A /v1/chat/completions body -> GenRequest, or a 400."""
-    _refuse_unsupported(body, _UNSUPPORTED_CHAT)
+    refuse_unsupported(body, _UNSUPPORTED_CHAT)
     req = GenRequest(kind="chat", messages=_messages(body))
-    _common(body, req)
+    common(body, req)
     req.tools = constraints.tools(body)
     req.tool_choice = constraints.tool_choice(body.get("tool_choice"), bool(req.tools))
     req.parallel_tool_calls = _bool(body, "parallel_tool_calls")
@@ -323,21 +324,20 @@ def _prompt(body: dict[str, Any]) -> str:
 
 def parse_completion(body: dict[str, Any]) -> GenRequest:
     """A /v1/completions body -> GenRequest, or a 400."""
-    _refuse_unsupported(body, _UNSUPPORTED_COMPLETION)
+    refuse_unsupported(body, _UNSUPPORTED_COMPLETION)
     if _bool(body, "echo"):
         raise invalid("echo", "'echo' is not supported by this server")
     req = GenRequest(kind="completion", prompt=_prompt(body))
-    _common(body, req)
+    common(body, req)
     max_tokens = _int(body, "max_tokens", 1, UINT32_MAX)
     req.max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
     req.logprobs = _int(body, "logprobs", 0, MAX_TOP_LOGPROBS)
     return req
 
 
-def parse(kind: Kind, raw: bytes) -> GenRequest:
-    """Decode and validate a request body for one endpoint."""
-    body = decode_body(raw)
-    return parse_chat(body) if kind == "chat" else parse_completion(body)
+def int_field(body: dict[str, Any], name: str, lo: int, hi: int) -> int | None:
+    """An integer parameter in [lo, hi], or None when absent (400 otherwise)."""
+    return _int(body, name, lo, hi)
 
 
 __all__ = [
@@ -345,7 +345,6 @@ __all__ = [
     "GenRequest",
     "Kind",
     "decode_body",
-    "parse",
     "parse_chat",
     "parse_completion",
 ]
