@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from edge.api.schema import parse, parse_chat, parse_completion
+from edge.api.schema import decode_body, parse_chat, parse_completion
 from edge.errors import ApiError
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -146,7 +146,7 @@ def test_completion_refusals_name_the_param(body: dict[str, Any], param: str) ->
 @pytest.mark.parametrize("raw", [b"{", b"[1, 2]", b'"text"', b"", b"NaN"])
 def test_body_must_be_a_json_object(raw: bytes) -> None:
     with pytest.raises(ApiError) as info:
-        parse("chat", raw)
+        parse_chat(decode_body(raw))
     assert info.value.status == 400
     assert info.value.param is None
 
