@@ -137,22 +137,26 @@ class ChunkFormat:
         return None
 
     def opening_events(self, seq: int) -> list[Event]:
-        """The events that open a stream (one per choice where the format has them)."""
-        first = self.opening()
-        if first is None:
-            return []
-        out: list[Event] = [(None, first)]
-        return out + [(None, self._open_choice(c)) for c in range(1, self.n)]
+        """The event that opens a stream, if the format has one: with n > 1 one chunk
+        holding every choice's opening (one event, so one id to resume after)."""
+        if self.n == 1:
+            first = self.opening()
+            return [] if first is None else [(None, first)]
+        choices = [self._open_choice(c) for c in range(self.n)]
+        return [(None, self._chunk_of(choices, None))] if choices[0] is not None else []
 
-    def _open_choice(self, choice: int) -> bytes:
-        raise NotImplementedError
+    def _open_choice(self, choice: int) -> dict[str, Any] | None:
+        return None
 
     def _choice_delta(self, chunk: pb.TokenChunk, logprobs: Any) -> dict[str, Any] | None:
         """The content fields of a rich chunk's choice (None: nothing to send)."""
         raise NotImplementedError
 
     def _chunk(self, choice: dict[str, Any], usage: pb.Usage | None) -> bytes:
-        obj = {**self._obj, "choices": [choice]}
+        return self._chunk_of([choice], usage)
+
+    def _chunk_of(self, choices: list[Any], usage: pb.Usage | None) -> bytes:
+        obj = {**self._obj, "choices": choices}
         if usage is not None:
             obj["usage"] = usage_dict(usage)
         elif self.include_usage:
@@ -249,10 +253,9 @@ class ChatFormat(ChunkFormat):
             + self._null_end
         )
 
-    def _open_choice(self, choice: int) -> bytes:
+    def _open_choice(self, choice: int) -> dict[str, Any] | None:
         delta = {"role": "assistant", "content": ""}
-        return self._chunk({"index": choice, "delta": delta, "logprobs": None,
-                            "finish_reason": None}, None)  # fmt: skip
+        return {"index": choice, "delta": delta, "logprobs": None, "finish_reason": None}
 
     def delta(self, text: str, logprobs: list[dict[str, Any]] | None) -> bytes:
         lp = b"null" if logprobs is None else b'{"content":' + _dumps(logprobs) + b"}"

@@ -479,6 +479,33 @@ def test_a_seeded_stream_is_not_continued_and_ends_with_an_error_event(fleet: Fl
     fleet.revive(killed[0])
 
 
+LONG_LIST = {"type": "array", "items": {"type": "string"}, "minItems": 80, "maxItems": 80}
+
+
+@pytest.mark.parametrize(
+    "constraint",
+    [
+        {"response_format": {"type": "json_schema", "json_schema": {"schema": LONG_LIST}}},
+        {"n": 2, "min_tokens": 200},
+    ],
+    ids=["json_schema", "n=2"],
+)
+def test_a_constrained_stream_is_never_continued_and_ends_with_a_retryable_error(
+    fleet: Fleet, constraint: dict[str, Any]
+) -> None:
+    # Sampled without a seed: a plain stream like it would be continued (test above).
+    body = {**SHORT, "max_tokens": 200, "temperature": 0.8, "stream": True, **constraint}
+    on_event, killed = killer(fleet, at=10)
+    events = read_stream(fleet, body, on_event)
+    assert len(killed) == 1
+    assert events[-1].get("event") == "error", events[-2:]
+    err = orjson.loads(events[-1]["data"])["error"]
+    assert err["code"] == "unavailable" and err["retryable"] is True
+    points = [CODEC.parse(e["id"]) for e in events[:-1]]
+    assert {p.worker for p in points} == {fleet.worker_info(killed[0])["id"]}  # no other
+    fleet.revive(killed[0])
+
+
 # -- rolling restart ---------------------------------------------------------------------
 
 
