@@ -21,7 +21,7 @@ from pydantic import BaseModel
 
 from generated import sluice_pb2 as pb
 from model_service.client import SluiceClient
-from tests.integration.edge_fixtures import EDGE_ENV, wait_ready
+from tests.integration.edge_fixtures import EDGE_ENV, streamed_tool_calls, wait_ready
 from tests.procs import Proc, start_edge
 
 pytestmark = pytest.mark.model
@@ -65,19 +65,6 @@ def client(edge: Proc) -> Iterator[openai.OpenAI]:
 
 def _text(stream: Any) -> str:
     return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-
-
-def _calls(stream: Any) -> tuple[list[dict[str, str]], str | None]:
-    calls: dict[int, dict[str, str]] = {}
-    reason = None
-    for chunk in stream:
-        for choice in chunk.choices:
-            for d in choice.delta.tool_calls or ():
-                call = calls.setdefault(d.index, {"name": "", "arguments": ""})
-                call["name"] += d.function.name or ""
-                call["arguments"] += d.function.arguments or ""
-            reason = choice.finish_reason or reason
-    return [calls[i] for i in sorted(calls)], reason
 
 
 def test_parse_with_a_pydantic_model_and_a_raw_schema_streamed_and_not(
@@ -146,8 +133,9 @@ def test_forced_tool_calls_validate_streamed_and_not_and_the_tool_result_is_acce
     for call in calls:
         assert call["name"] == "get_weather"
         jsonschema.validate(json.loads(call["arguments"]), WEATHER)
-    streamed, reason = _calls(client.chat.completions.create(**kw, stream=True))
-    assert (streamed, reason) == (calls, "tool_calls")  # greedy: the same calls
+    streamed, reason = streamed_tool_calls(client.chat.completions.create(**kw, stream=True))
+    assert reason == "tool_calls"  # greedy: the same calls
+    assert [{"name": c["name"], "arguments": c["arguments"]} for c in streamed] == calls
     history: Any = [
         *WEATHER_Q,
         message.model_dump(exclude_none=True),
@@ -181,7 +169,7 @@ def test_auto_with_the_hermes_parser_finds_the_call_in_the_output(
     [call] = message.tool_calls
     assert call.function.name == "get_weather"  # type: ignore[union-attr]
     assert json.loads(call.function.arguments) == {"city": "Paris", "unit": "C"}  # type: ignore[union-attr]
-    streamed, reason = _calls(client.chat.completions.create(**kw, stream=True))
+    streamed, reason = streamed_tool_calls(client.chat.completions.create(**kw, stream=True))
     assert reason == "tool_calls" and len(streamed) == 1
     assert json.loads(streamed[0]["arguments"]) == {"city": "Paris", "unit": "C"}
 

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from generated import sluice_pb2 as pb
 from model_service.client import SluiceClient
-from tests.integration.edge_fixtures import CODEC, Stack, parse_sse, stack
+from tests.integration.edge_fixtures import CODEC, Stack, parse_sse, stack, streamed_tool_calls
 
 WEATHER_PARAMS = {
     "type": "object",
@@ -96,20 +96,6 @@ def test_json_schema_and_json_object_validate(client: openai.OpenAI) -> None:
 # -- tools ------------------------------------------------------------------------------
 
 
-def _streamed_calls(stream: Any) -> tuple[list[dict[str, Any]], str]:
-    """Tool calls reassembled from the deltas, and the finish reason."""
-    calls: dict[int, dict[str, Any]] = {}
-    reason = ""
-    for chunk in stream:
-        for choice in chunk.choices:
-            for d in choice.delta.tool_calls or ():
-                call = calls.setdefault(d.index, {"id": d.id, "name": "", "arguments": ""})
-                call["name"] += d.function.name or ""
-                call["arguments"] += d.function.arguments or ""
-            reason = choice.finish_reason or reason
-    return [calls[i] for i in sorted(calls)], reason
-
-
 @pytest.mark.parametrize(
     "choice",
     ["required", {"type": "function", "function": {"name": "get_weather"}}],
@@ -132,7 +118,7 @@ def test_forced_tool_calls_validate_streamed_and_not_and_a_second_turn_follows(
         {"id": c.id, "name": c.function.name, "arguments": c.function.arguments}  # type: ignore[union-attr]
         for c in message.tool_calls
     ]
-    streamed, reason = _streamed_calls(
+    streamed, reason = streamed_tool_calls(
         client.chat.completions.create(
             model="",
             messages=ASK,
