@@ -20,6 +20,7 @@ import grpc
 from starlette.requests import Request
 from starlette.responses import Response
 
+from edge.api import affinity
 from edge.api.formats import make_format
 from edge.api.pages import ORJSONResponse
 from edge.api.schema import GenRequest, Kind, check_prompt, parse
@@ -124,11 +125,20 @@ async def _prepare(state: EdgeState, request: Request, kind: Kind) -> Prepared:
     return Prepared(req, key, request_id, trace_id(request, request_id), owner, body, start)
 
 
-def _failover(
-    state: EdgeState, p: Prepared, detach_grace_s: float, timeout: float, stamps: bool = False
+async def _failover(
+    state: EdgeState,
+    request: Request,
+    p: Prepared,
+    detach_grace_s: float,
+    timeout: float,
+    stamps: bool = False,
 ) -> FailoverCall:
     registry = state.workers()
-    worker = registry.pick(p.req.model, p.key)
+    # The session's pool (pinned) and worker; its cookie and pool headers go out with the
+    # response, whatever it turns out to be.
+    worker, p.key = await affinity.place(
+        state.sessions(), state.cookies, request, p.req.model, p.req.user
+    )
     start = p.start
     start.detach_grace_ms = int(detach_grace_s * 1000)
     start.stamp_times = stamps
@@ -155,7 +165,7 @@ async def generate(state: EdgeState, request: Request, kind: Kind) -> Response |
         return _resume(state, request, kind, point, p.req.include_usage)
     stamps = cfg.allow_stamps and request.headers.get(STAMP_HEADER) == "1"
     timeout = timeout_s(request, p.req.stream, cfg.request_timeout_s)
-    call = _failover(state, p, cfg.detach_grace_s, timeout, stamps)
+    call = await _failover(state, request, p, cfg.detach_grace_s, timeout, stamps)
     model = p.req.model or call.worker.model_id()
     fmt = make_format(kind, p.request_id, model, created_at(p.request_id), p.req.include_usage)
     job = Job(
@@ -232,7 +242,7 @@ async def create_stream(state: EdgeState, request: Request) -> Response:
     """
     cfg = state.config.stream
     p = await _prepare(state, request, "chat")
-    call = _failover(state, p, cfg.stream_grace_s, cfg.request_timeout_s)
+    call = await _failover(state, request, p, cfg.stream_grace_s, cfg.request_timeout_s)
     try:
         if not await call.admitted():
             await call.read()  # raises the refusal as an ApiError (400, 429, ...)
