@@ -8,8 +8,10 @@ bootstrap starts with the registry:
   pools keep theirs). Weights place new sessions only: pinned ones stay where they are.
 - Every check judges the canary's sliding window (`window_s`, within the step) against
   the stable pool's baseline (its own window, the last one with enough samples); a
-  broken bound rolls back at once: the canary drains (its pinned sessions move to the
-  stable pool, once, told so), the stable pool gets its weight back.
+  broken bound, or no canary worker routable for `UNROUTABLE_GRACE_S` (passive failure
+  marking takes a failing worker out, and then it gets no samples), rolls back at once:
+  the canary drains (its pinned sessions move to the stable pool, once, told so), the
+  stable pool gets its weight back.
 - Once the step has been held `hold_s[i]` and the canary has `min_samples` outcomes in it
   that pass as a whole, the next step is applied in that same check. After the 100 % step
   the plan finishes: the canary takes the stable pool's old weight and the old stable
@@ -40,6 +42,7 @@ from edge.upstream.registry import PoolRegistry
 log = logging.getLogger("sluice.edge")
 CHECK_INTERVAL_S = 0.1
 KEEP = 20  # rollouts remembered (the oldest ended ones are forgotten first)
+UNROUTABLE_GRACE_S = 1.0  # a canary with no routable worker this long (or a window) fails
 ACTIVE = ("running", "paused")
 STATES = ("running", "paused", "finished", "rolled_back", "aborted")
 
@@ -63,6 +66,7 @@ class Rollout:
         self._stable_weight = stable.weight if stable.weight > 0 else 100.0
         self._step_started = now
         self._baseline: WindowStats | None = None
+        self._down_since: float | None = None
         registry.pool(plan.canary).draining = ""  # started on purpose: back in service
         self._apply(now)
         self._event("started", now)
@@ -88,6 +92,7 @@ class Rollout:
         metrics = reg.pool_metrics(plan.canary)
         baseline = self._stable_baseline(window, now)
         reason = judge(a, metrics.window(min(window, now - since), now), baseline)
+        reason = reason or self._unroutable(window, now)
         if reason is None and self.state == "running" and now >= since + hold:
             whole = metrics.window(now - since, now)
             if whole.requests < a.min_samples:
@@ -118,6 +123,20 @@ class Rollout:
         reg = self.registry
         reg.set_weight(self.plan.canary, pct, f"rollout {self.id}", new=False)
         reg.set_weight(self.plan.stable, 100.0 - pct, f"rollout {self.id}", new=False)
+
+    def _unroutable(self, window: float, now: float) -> str | None:
+        """A canary none of whose workers takes requests (down, or marked failed after its
+        errors: then it gets no more samples to judge) fails after a short grace."""
+        workers = self.registry.pool(self.plan.canary).workers.values()
+        if any(w.routable(now) for w in workers):
+            self._down_since = None
+            return None
+        if self._down_since is None:
+            self._down_since = now
+        grace = min(window, UNROUTABLE_GRACE_S)
+        if now - self._down_since < grace:
+            return None
+        return f"no canary worker has been routable for {now - self._down_since:.1f} s"
 
     def _stable_baseline(self, window: float, now: float) -> WindowStats | None:
         stats = self.registry.pool_metrics(self.plan.stable).window(window, now)

@@ -15,13 +15,17 @@ from edge.upstream.plans import Analysis, judge, parse_plan
 from edge.upstream.pools import PoolConfigError, PoolSpec
 from edge.upstream.registry import PoolRegistry
 from edge.upstream.rollouts import Rollouts
+from edge.upstream.worker import SERVING
 
 T0 = 1000.0
 
 
 def fleet() -> PoolRegistry:
     specs = [PoolSpec("v1", "1", 1.0, ["s1:1", "s2:1"]), PoolSpec("v2", "2", 0.0, ["c1:1"])]
-    return PoolRegistry(specs, RoutingConfig(), ChannelFactory([]))  # type: ignore[arg-type]
+    reg = PoolRegistry(specs, RoutingConfig(), ChannelFactory([]))  # type: ignore[arg-type]
+    for w in reg.workers:
+        w.status = SERVING
+    return reg
 
 
 def outcomes(reg: PoolRegistry, pool: str, at: float, n: int, code: str = "ok", ttft: float = 0.01):
@@ -142,6 +146,19 @@ async def test_pause_holds_resume_restarts_the_hold_abort_rolls_back() -> None:
         "advanced",
         "aborted",
     ]
+
+
+async def test_a_canary_with_no_routable_worker_is_rolled_back() -> None:
+    """Passive failure marking takes a failing worker out; then it gets no samples."""
+    reg = fleet()
+    rollouts = Rollouts(reg)
+    r = rollouts.start(parse_plan(plan()), now=T0)
+    worker = reg.pool("v2").workers["c1:1"]
+    worker.failed()  # max_fails 1: out for fail_timeout
+    rollouts.check(T0 + 0.5)
+    assert r.state == "running"  # a short grace
+    rollouts.check(T0 + 1.6)
+    assert r.state == "rolled_back" and "no canary worker" in r.reason
 
 
 async def test_removing_a_pool_ends_its_rollout() -> None:
