@@ -11,6 +11,9 @@ of its own, which keeps the cookies it gets.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,7 +28,7 @@ import orjson
 import pytest
 
 from tests.integration.edge_fixtures import EDGE_ENV, parse_sse, wait_ready
-from tests.procs import Proc, start_edge, start_worker
+from tests.procs import ROOT, Proc, start_edge, start_worker
 
 pytestmark = pytest.mark.slow
 
@@ -453,3 +456,70 @@ def test_a_canary_failing_mid_plan_is_rolled_back_within_one_window(
             assert isinstance(t.error["message"], str) and t.error["message"]
     else:
         assert failed_attempts == 0 and bad == []
+
+
+def test_the_rollout_cli_registers_the_canary_runs_the_plan_and_reports(fleet: Fleet) -> None:
+    stable, _ = fleet.fresh_pools("cli", canary_weight=0)
+    assert fleet.admin("DELETE", "/pools/canary-cli").status_code == 204
+    env = {**os.environ, "SLUICE_ADMIN_KEY": ADMIN_KEY}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "scripts.rollout", "--edge", fleet.base, *args]
+        return subprocess.run(
+            command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+        )
+
+    with Load(fleet.base, turns=2, threads=3):
+        done = cli(
+            "--interval", "0.1", "run", "--canary", "canary-cli", "--version", "v2",
+            "--worker", fleet.canary, "--steps", "50,100", "--hold", "0.3",
+            "--min-samples", "2", "--max-ttft-ratio", "5", "--latency-slack-ms", "250",
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [ln.get("event") for ln in lines[:-1]] == ["started", "advanced", "finished"]
+    summary = lines[-1]
+    assert (summary["state"], summary["canary"], summary["stable"]) == (
+        "finished",
+        "canary-cli",
+        stable,
+    )
+    assert [s["percent"] for s in summary["steps"]] == [50, 100]
+    pools = fleet.pools()
+    assert pools["canary-cli"]["version"] == "v2" and pools[stable]["draining"] == "drained"
+    status = cli("status", summary["rollout"])
+    assert status.returncode == 0 and json.loads(status.stdout)["state"] == "finished"
+    late = cli("pause", summary["rollout"])
+    assert late.returncode == 2 and "409" in late.stderr and "finished" in late.stderr
+
+
+def test_bad_rollout_requests_get_openai_style_4xx(fleet: Fleet) -> None:
+    stable, canary = fleet.fresh_pools("bad-input", canary_weight=0)
+    backwards = json.dumps({"canary": canary, "steps": [5, 1]})
+    cases = [
+        ("POST", "/rollouts", b"{not json", 400, None),
+        ("POST", "/rollouts", b"[1, 2]", 400, None),
+        ("POST", "/rollouts", backwards, 400, "invalid_value"),
+        ("POST", "/rollouts", json.dumps({"canary": "nope"}), 404, "no_pool"),
+        ("GET", "/rollouts/nope", None, 404, "no_rollout"),
+        ("POST", "/rollouts/nope/pause", None, 404, "no_rollout"),
+        ("POST", "/pools/nope/drain", None, 404, "no_pool"),
+    ]  # fmt: skip
+    for method, path, body, status, code in cases:
+        resp = fleet.admin(method, path, content=body)
+        assert resp.status_code == status, (path, body, resp.text)
+        err = resp.json()["error"]
+        assert isinstance(err["message"], str) and err["message"] and "type" in err
+        assert code is None or err["code"] == code, (path, err)
+    plan = {"canary": canary, "stable": stable, "steps": [100], "hold_s": 30}
+    first = fleet.admin("POST", "/rollouts", json=plan)
+    assert first.status_code == 201, first.text
+    rid = first.json()["id"]
+    assert fleet.admin("POST", "/rollouts", json=plan).status_code == 409  # one at a time
+    assert fleet.admin("POST", f"/rollouts/{rid}/jump").json()["error"]["code"] == "no_action"
+    assert fleet.admin("POST", f"/rollouts/{rid}/resume").status_code == 409  # not paused
+    assert fleet.admin("POST", f"/rollouts/{rid}/pause").json()["state"] == "paused"
+    aborted = fleet.admin("POST", f"/rollouts/{rid}/abort").json()
+    assert (aborted["state"], aborted["reason"]) == ("aborted", "aborted by the operator")
+    assert [e["event"] for e in aborted["history"]] == ["started", "paused", "aborted"]
+    assert fleet.pools()[canary]["draining"] == "rolled_back"
