@@ -14,11 +14,16 @@ printing each transition as it happens, until it finishes, rolls back or is abor
 (Ctrl-C aborts it). Exit 0 when it finished, 1 when it rolled back or was aborted, 2 on
 a usage or API error.
 
+Pools and rollouts live in each edge process, so with several edges give `--edge` once
+per edge: each runs the plan on its own traffic, and the first one that rolls back (or
+is aborted) makes this script abort the plan on all the others. (The session cookie
+carries its pool, so a conversation keeps its version on whichever edge it reaches.)
+
 The other commands act on rollouts already there: `status [ID]` (the active or named one,
 with its history; `--all` for every one kept), `pause ID`, `resume ID`, `abort ID`,
-`watch ID`. Output is JSON lines: one per transition (`run`, `watch`), one object
-otherwise. The admin key comes from `$SLUICE_ADMIN_KEY` or `--admin-key-file`, never from
-the command line.
+`watch ID` (on the first `--edge`). Output is JSON lines: one per transition (`run`,
+`watch`), one object otherwise. The admin key comes from `$SLUICE_ADMIN_KEY` or
+`--admin-key-file`, never from the command line.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ class ApiFailure(Exception):
 
 class Admin:
     def __init__(self, edge: str, key: str, timeout: float = 10.0) -> None:
+        self.edge = edge
         headers = {"authorization": f"Bearer {key}"} if key else {}
         self.client = httpx.Client(base_url=edge.rstrip("/"), headers=headers, timeout=timeout)
 
@@ -118,19 +124,44 @@ def plan_of(args: argparse.Namespace) -> dict[str, Any]:
     return plan
 
 
-def run(admin: Admin, args: argparse.Namespace) -> int:
-    if args.worker:
-        register(admin, args.canary, args.version, args.worker)
-    wait_routable(admin, args.canary, args.ready_timeout)
-    rollout = admin.call("POST", "/rollouts", plan_of(args))
-    rid = rollout["id"]
+def run(admins: list[Admin], args: argparse.Namespace) -> int:
+    for admin in admins:
+        if args.worker:
+            register(admin, args.canary, args.version, args.worker)
+    for admin in admins:
+        wait_routable(admin, args.canary, args.ready_timeout)
+    rids = [admin.call("POST", "/rollouts", plan_of(args))["id"] for admin in admins]
     try:
-        done = follow(admin, rid, args.interval)
+        done = follow_all(admins, rids, args.interval)
     except KeyboardInterrupt:
+        abort_all(admins, rids)
+        done = follow_all(admins, rids, args.interval)
+    for admin, rollout in zip(admins, done, strict=True):
+        print(json.dumps({"edge": admin.edge, **report(rollout)}), flush=True)
+    return 0 if all(r["state"] == "finished" for r in done) else 1
+
+
+def follow_all(admins: list[Admin], rids: list[str], interval: float) -> list[dict[str, Any]]:
+    """`follow` over several edges at once; one that ends badly aborts the others."""
+    shown = [0] * len(admins)
+    while True:
+        rollouts = [a.call("GET", f"/rollouts/{r}") for a, r in zip(admins, rids, strict=True)]
+        for i, rollout in enumerate(rollouts):
+            for entry in rollout["history"][shown[i] :]:
+                edge = {"edge": admins[i].edge} if len(admins) > 1 else {}
+                print(json.dumps({**edge, "rollout": rids[i], **entry}), flush=True)
+            shown[i] = len(rollout["history"])
+        states = {r["state"] for r in rollouts}
+        if states <= set(ENDED):
+            return rollouts
+        if states & {"rolled_back", "aborted"}:
+            abort_all(admins, rids)
+        time.sleep(interval)
+
+
+def abort_all(admins: list[Admin], rids: list[str]) -> None:
+    for admin, rid in zip(admins, rids, strict=True):
         admin.call("POST", f"/rollouts/{rid}/abort", ok=(409,))
-        done = follow(admin, rid, args.interval)
-    print(json.dumps(report(done)), flush=True)
-    return 0 if done["state"] == "finished" else 1
 
 
 def report(rollout: dict[str, Any]) -> dict[str, Any]:
@@ -158,7 +189,9 @@ def report(rollout: dict[str, Any]) -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--edge", required=True, help="edge base URL (its admin API)")
+    p.add_argument(
+        "--edge", action="append", required=True, help="edge base URL (repeat: every edge)"
+    )
     p.add_argument("--admin-key-file", default="", help=f"else ${ADMIN_KEY_ENV}")
     p.add_argument("--interval", type=float, default=0.5, help="seconds between polls")
     sub = p.add_subparsers(dest="command", required=True)
@@ -188,10 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     key_file = args.admin_key_file
     key = Path(key_file).read_text().strip() if key_file else os.environ.get(ADMIN_KEY_ENV, "")
-    admin = Admin(args.edge, key)
+    admins = [Admin(edge, key) for edge in args.edge]
+    admin = admins[0]  # the other commands act on one edge (the first)
     try:
         if args.command == "run":
-            return run(admin, args)
+            return run(admins, args)
         if args.command == "watch":
             done = follow(admin, args.id, args.interval)
             print(json.dumps(report(done)), flush=True)

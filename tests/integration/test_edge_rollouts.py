@@ -458,35 +458,52 @@ def test_a_canary_failing_mid_plan_is_rolled_back_within_one_window(
         assert failed_attempts == 0 and bad == []
 
 
-def test_the_rollout_cli_registers_the_canary_runs_the_plan_and_reports(fleet: Fleet) -> None:
+def test_the_rollout_cli_registers_the_canary_runs_the_plan_and_reports(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """Over two edges: the plan runs on each (pools live in each edge process)."""
     stable, _ = fleet.fresh_pools("cli", canary_weight=0)
     assert fleet.admin("DELETE", "/pools/canary-cli").status_code == 204
     env = {**os.environ, "SLUICE_ADMIN_KEY": ADMIN_KEY}
+    pools = tmp_path / "pools.json"
+    pools.write_text(json.dumps([{"name": stable, "workers": fleet.stable}]))
+    other = start_edge("--pools", str(pools), env={**EDGE_ENV, "SLUICE_ADMIN_KEY": ADMIN_KEY})
+    try:
+        second = f"http://{other.address}"
+        wait_ready(second)
 
-    def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "scripts.rollout", "--edge", fleet.base, *args]
-        return subprocess.run(
-            command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-        )
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            edges = ["--edge", fleet.base, "--edge", second]
+            command = [sys.executable, "-m", "scripts.rollout", *edges, *args]
+            return subprocess.run(
+                command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+            )
 
-    with Load(fleet.base, turns=2, threads=3):
-        done = cli(
-            "--interval", "0.1", "run", "--canary", "canary-cli", "--version", "v2",
-            "--worker", fleet.canary, "--steps", "50,100", "--hold", "0.3",
-            "--min-samples", "2", "--max-ttft-ratio", "5", "--latency-slack-ms", "250",
-        )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    lines = [json.loads(line) for line in done.stdout.splitlines()]
-    assert [ln.get("event") for ln in lines[:-1]] == ["started", "advanced", "finished"]
-    summary = lines[-1]
-    assert (summary["state"], summary["canary"], summary["stable"]) == (
-        "finished",
-        "canary-cli",
-        stable,
-    )
-    assert [s["percent"] for s in summary["steps"]] == [50, 100]
-    pools = fleet.pools()
-    assert pools["canary-cli"]["version"] == "v2" and pools[stable]["draining"] == "drained"
+        with Load(fleet.base, turns=2, threads=2), Load(second, turns=2, threads=2):
+            done = cli(
+                "--interval", "0.1", "run", "--canary", "canary-cli", "--version", "v2",
+                "--worker", fleet.canary, "--steps", "50,100", "--hold", "0.3",
+                "--min-samples", "2", "--max-ttft-ratio", "5", "--latency-slack-ms", "250",
+            )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        lines = [json.loads(line) for line in done.stdout.splitlines()]
+        for edge in (second, fleet.base):  # the first edge's last: `status` asks it
+            mine = [ln for ln in lines if ln["edge"] == edge]
+            assert [ln.get("event") for ln in mine[:-1]] == ["started", "advanced", "finished"]
+            summary = mine[-1]
+            assert (summary["state"], summary["canary"], summary["stable"]) == (
+                "finished",
+                "canary-cli",
+                stable,
+            )
+            assert [s["percent"] for s in summary["steps"]] == [50, 100]
+        resp = httpx.get(f"{second}/admin/pools/canary-cli", headers=AUTH)
+        assert resp.json()["version"] == "v2" and resp.json()["weight"] == 1
+    finally:
+        other.kill()
+    pools_now = fleet.pools()
+    assert pools_now["canary-cli"]["version"] == "v2"
+    assert pools_now[stable]["draining"] == "drained"
     status = cli("status", summary["rollout"])
     assert status.returncode == 0 and json.loads(status.stdout)["state"] == "finished"
     late = cli("pause", summary["rollout"])
