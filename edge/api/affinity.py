@@ -51,6 +51,20 @@ class CookieCodec:
         self._key = hmac.new(secret, b"sluice session cookie v1", hashlib.sha256).digest()
         self.config = config
         self.name = config.cookie or SESSION_COOKIE
+        # The attributes never change: formatted once (the stdlib's cookie rules), so each
+        # response only joins `name=value` to them. Values need no quoting: base64url
+        # characters and dots.
+        jar: SimpleCookie = SimpleCookie()
+        jar[self.name] = "v"
+        morsel = jar[self.name]
+        morsel["max-age"] = str(int(config.ttl_s))
+        morsel["path"] = config.path
+        if config.domain:
+            morsel["domain"] = config.domain
+        morsel["secure"] = config.secure
+        morsel["httponly"] = config.httponly
+        morsel["samesite"] = config.samesite.capitalize()
+        self._attributes = morsel.OutputString().split(";", 1)[1].encode("latin-1")
 
     def _sign(self, body: str) -> str:
         mac = hmac.new(self._key, body.encode(), hashlib.sha256).digest()
@@ -80,18 +94,7 @@ class CookieCodec:
 
     def set_cookie(self, value: str) -> bytes:
         """The Set-Cookie header value, with the configured attributes."""
-        cfg = self.config
-        jar: SimpleCookie = SimpleCookie()
-        jar[self.name] = value
-        morsel = jar[self.name]
-        morsel["max-age"] = str(int(cfg.ttl_s))
-        morsel["path"] = cfg.path
-        if cfg.domain:
-            morsel["domain"] = cfg.domain
-        morsel["secure"] = cfg.secure
-        morsel["httponly"] = cfg.httponly
-        morsel["samesite"] = cfg.samesite.capitalize()
-        return morsel.OutputString().encode("latin-1")
+        return b"%s=%s;%s" % (self.name.encode(), value.encode(), self._attributes)
 
 
 async def place(
