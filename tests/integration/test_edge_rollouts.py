@@ -387,15 +387,16 @@ def test_a_rollout_under_multi_turn_load_goes_to_100_without_a_failure_or_switch
     [
         # Either bound may trip first: the error rate, or the worker's passive failure
         # mark (--max-fails 1) taking the canary's only worker out of rotation.
+        ({"error_rate": 1.0}, ("error rate", "no canary worker")),
         ({"error_rate": 1.0, "error_after_tokens": 2}, ("error rate", "no canary worker")),
         ({"ttft_s": 0.4}, ("p99 TTFT",)),
     ],
-    ids=["errors", "slow"],
+    ids=["errors-before-first-token", "errors-mid-stream", "slow"],
 )
 def test_a_canary_failing_mid_plan_is_rolled_back_within_one_window(
     fleet: Fleet, fault: dict[str, float], why: tuple[str, ...]
 ) -> None:
-    stable, canary = fleet.fresh_pools(f"bad-{len(why)}", canary_weight=0)
+    stable, canary = fleet.fresh_pools(f"bad-{len(why)}-{len(fault)}", canary_weight=0)
     window_s = 1.5
     plan = {
         "canary": canary,
@@ -444,7 +445,11 @@ def test_a_canary_failing_mid_plan_is_rolled_back_within_one_window(
         "sluice_edge_pool_requests_total", f'{{pool="{canary}",outcome="upstream_error"}}'
     )
     bad = [t for t in turns if not t.ok]
-    if "error_rate" in fault:
+    if "error_rate" in fault and "error_after_tokens" not in fault:
+        # Failing before the first token: each was retried on the stable pool, unseen.
+        assert 1 <= failed_attempts <= 40, failed_attempts
+        assert bad == []
+    elif "error_rate" in fault:
         # Counted and bounded: the canary's failed attempts; the unseeded streams were
         # continued elsewhere, each seeded one ended with a well-formed error event.
         assert 1 <= failed_attempts <= 40, failed_attempts
