@@ -38,6 +38,21 @@ class VllmOptions:
 
 
 @dataclass(slots=True)
+class TritonOptions:
+    """An existing Triton Inference Server as the engine, over its gRPC API, speaking the
+    model interface of Triton's vLLM backend (engines/triton.py)."""
+
+    url: str = "127.0.0.1:8001"  # Triton's gRPC address
+    model: str = "vllm_model"  # the model's name in Triton's repository
+    # TLS to Triton: on with a CA (else the system roots with `tls`); mTLS with cert+key.
+    tls: bool = False
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    health_interval_s: float = 1.0  # how often Triton's readiness is polled
+
+
+@dataclass(slots=True)
 class EngineConfig:
     """Which engine, which model, and the limits every engine shares."""
 
@@ -50,6 +65,7 @@ class EngineConfig:
     default_max_tokens: int = 512
     sim: SimOptions = field(default_factory=SimOptions)
     vllm: VllmOptions = field(default_factory=VllmOptions)
+    triton: TritonOptions = field(default_factory=TritonOptions)
 
     @property
     def model_name(self) -> str:
@@ -151,9 +167,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="model_service", description="Sluice model worker (gRPC).")
     d = WorkerConfig()
     p.add_argument(
-        "--engine", default=d.engine.engine, help="engine: vllm (default) or sim (simulated)"
+        "--engine",
+        default=d.engine.engine,
+        help="engine: vllm (default), triton (an existing Triton server) or sim (simulated)",
     )
-    p.add_argument("--model", default=d.engine.model, help="model directory (vllm: required)")
+    p.add_argument(
+        "--model",
+        default=d.engine.model,
+        help="model directory (vllm: required; triton: its tokenizer and chat template)",
+    )
     p.add_argument("--served-model-name", default="", help="model name clients use")
     p.add_argument("--model-version", default="", help="version label for routing")
     p.add_argument("--host", default=d.server.host)
@@ -204,6 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="vLLM without torch.compile / CUDA graphs (default: on for CPU, off for GPU)",
     )
+    _triton_args(p, d.engine.triton)
     p.add_argument("--log-level", default=d.log_level)
     p.add_argument(
         "--access-log",
@@ -218,6 +241,36 @@ def build_parser() -> argparse.ArgumentParser:
         help="event loop: uvloop when installed (auto), or asyncio's",
     )
     return p
+
+
+def _triton_args(p: argparse.ArgumentParser, d: TritonOptions) -> None:
+    g = p.add_argument_group("triton engine (--engine triton)")
+    g.add_argument("--triton-url", default=d.url, help="Triton's gRPC address, host:port")
+    g.add_argument("--triton-model", default=d.model, help="the model's name in Triton")
+    g.add_argument(
+        "--triton-tls", action="store_true", help="TLS to Triton (system roots unless a CA)"
+    )
+    g.add_argument("--triton-tls-ca", default="", help="PEM CA for Triton's certificate")
+    g.add_argument("--triton-tls-cert", default="", help="PEM client certificate (mTLS)")
+    g.add_argument("--triton-tls-key", default="", help="PEM key of --triton-tls-cert")
+    g.add_argument(
+        "--triton-health-interval",
+        type=float,
+        default=d.health_interval_s,
+        help="seconds between readiness checks of Triton's model",
+    )
+
+
+def _triton_options(args: argparse.Namespace) -> TritonOptions:
+    return TritonOptions(
+        url=args.triton_url,
+        model=args.triton_model,
+        tls=args.triton_tls or bool(args.triton_tls_ca or args.triton_tls_cert),
+        tls_ca=args.triton_tls_ca,
+        tls_cert=args.triton_tls_cert,
+        tls_key=args.triton_tls_key,
+        health_interval_s=args.triton_health_interval,
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> WorkerConfig:
@@ -245,6 +298,7 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
             dtype=args.dtype,
             enforce_eager=args.enforce_eager,
         ),
+        triton=_triton_options(args),
     )
     return WorkerConfig(
         engine=engine,

@@ -7,7 +7,7 @@ implementation, and never see protobuf.
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from model_service.config import EngineConfig
 from model_service.types import EngineOutput, EngineStats, GenerationRequest, ModelInfo
@@ -58,3 +58,12 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def stats(self) -> EngineStats:
         """Current load, taken from the engine itself."""
+
+    async def watch_ready(self, report: Callable[[bool], Awaitable[None]]) -> None:
+        """Report readiness changes after `start()`, for as long as the engine runs.
+
+        An engine served by another process (Triton) calls `report(False)` when that goes
+        away and `report(True)` when it is back; the worker's health follows. The default
+        engine stays ready from `start()` to `stop()` and returns at once.
+        """
+        return None
