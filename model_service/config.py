@@ -40,6 +40,7 @@ class VllmOptions:
     pipeline_parallel_size: int = 1
     data_parallel_size: int = 1
     distributed_executor_backend: str | None = None  # None: vLLM picks
+    otlp_traces_endpoint: str = ""  # vLLM's own tracing: the worker's --otlp-endpoint
     extra_args: dict[str, object] = field(default_factory=dict)
 
 
@@ -167,6 +168,8 @@ class WorkerConfig:
     # Event loop, as uvicorn's --loop: uvloop when installed (cheaper per message), else
     # asyncio's own.
     loop: str = "auto"
+    # OpenTelemetry traces (model_service/tracing.py): "" = off (flag, else OTEL_* vars).
+    otlp_endpoint: str = ""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -235,6 +238,11 @@ def build_parser() -> argparse.ArgumentParser:
     _parallel_args(p)
     _triton_args(p, d.engine.triton)
     p.add_argument("--log-level", default=d.log_level)
+    p.add_argument(
+        "--otlp-endpoint",
+        default="",
+        help="OTLP/gRPC endpoint for traces (tracing on); also OTEL_EXPORTER_OTLP_ENDPOINT",
+    )
     p.add_argument(
         "--access-log",
         action=argparse.BooleanOptionalAction,
@@ -321,6 +329,7 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
             pipeline_parallel_size=args.pipeline_parallel_size,
             data_parallel_size=args.data_parallel_size,
             distributed_executor_backend=args.distributed_executor_backend,
+            otlp_traces_endpoint=_otlp_endpoint(args.otlp_endpoint),
         ),
         triton=_triton_options(args),
     )
@@ -347,4 +356,11 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
         log_level=args.log_level,
         access_log=args.log_format == "json" if args.access_log is None else args.access_log,
         loop=args.loop,
+        otlp_endpoint=_otlp_endpoint(args.otlp_endpoint),
     )
+
+
+def _otlp_endpoint(flag: str) -> str:
+    from model_service.tracing import endpoint_from_env
+
+    return endpoint_from_env(flag)

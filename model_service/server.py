@@ -21,7 +21,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from model_service import reflection
+from model_service import reflection, tracing
 from model_service.config import ServerConfig, WorkerConfig
 from model_service.core import WorkerCore
 from model_service.engines import load_engine
@@ -41,6 +41,7 @@ class Worker:
 
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
+        tracing.setup(config.otlp_endpoint)
         self.engine = load_engine(config.engine)
         self.metrics = WorkerMetrics()
         self.core = WorkerCore(self.engine, config, self.metrics)
@@ -137,6 +138,7 @@ class Worker:
         if self.health_server is not None:
             await self.health_server.stop(0)
         await self.engine.stop()
+        tracing.shutdown()
         log.info("stopped")
 
 

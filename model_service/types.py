@@ -56,6 +56,8 @@ class GenerationRequest:
     model: str = ""
     timeout_s: float | None = None
     prompt_token_ids: list[int] | None = None
+    # The caller's W3C trace context (traceparent, tracestate) while tracing is on.
+    trace_headers: dict[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ from edge.api.pages import ORJSONResponse
 from edge.api.schema import GenRequest, Kind, check_prompt, parse
 from edge.api.state import EdgeState
 from edge.errors import ApiError, from_status
+from edge.obs import tracing
 from edge.obs.logs import TRACE_RE
 from edge.obs.record import record_of
 from edge.stream.ids import PART_DONE, Origin, ResumePoint, bad_event_id, not_yours
@@ -128,7 +129,7 @@ def _failover(
     state: EdgeState, p: Prepared, detach_grace_s: float, timeout: float, stamps: bool = False
 ) -> FailoverCall:
     registry = state.workers()
-    worker = registry.pick(p.req.model, p.key)
+    worker = tracing.route(registry.pick, p.req.model, p.key)
     start = p.start
     start.detach_grace_ms = int(detach_grace_s * 1000)
     start.stamp_times = stamps

@@ -76,6 +76,7 @@ REQUEST_FIELDS = frozenset(
         "model",
         "timeout_s",
         "prompt_token_ids",
+        "trace_headers",  # Triton has its own tracing; the worker's spans cover the call
     )
 )
 SAMPLING_FIELDS = frozenset((*SAMPLING_KEYS, "max_tokens", "stop", "n"))

@@ -78,6 +78,8 @@ def build_engine_args(config: EngineConfig) -> Any:
         "disable_log_stats": True,
         "enable_log_requests": False,
     }
+    if opts.otlp_traces_endpoint:  # tracing on: vLLM exports its request spans there too
+        kwargs["otlp_traces_endpoint"] = opts.otlp_traces_endpoint
     if opts.kv_cache_space_gb is not None:
         # The modern, fractional, CPU-and-GPU form of VLLM_CPU_KVCACHE_SPACE (whole GiB only).
         kwargs["kv_cache_memory_bytes"] = int(opts.kv_cache_space_gb * GIB)
