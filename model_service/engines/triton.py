@@ -257,6 +257,7 @@ class TritonEngine(Engine):
         call = self._client.stream_infer(one_request())
         self._calls[request.request_id] = call
         prompt_tokens, completion, finished = len(ids), 0, False
+        max_tokens = request.sampling.max_tokens or self.config.default_max_tokens
         try:
             async for result, error in _responses(call):
                 if error is not None:
@@ -269,7 +270,7 @@ class TritonEngine(Engine):
                 if new is None:
                     new = len(self._tokenizer.encode(text, add_special_tokens=False)) if text else 0
                 completion += new
-                finish = _finish(result)
+                finish = _finish(result, completion >= max_tokens)
                 finished = finish is not None
                 yield EngineOutput(
                     text=text,
@@ -359,8 +360,9 @@ def _scalar(result: Any, name: str) -> int | None:
     return int(out.reshape(-1)[0])
 
 
-def _finish(result: Any) -> FinishReason | None:
-    """The end: the finish_reason output when returned, else Triton's final-response flag."""
+def _finish(result: Any, at_max_tokens: bool) -> FinishReason | None:
+    """The end: the finish_reason output when returned, else Triton's final-response flag
+    (LENGTH if max_tokens were produced)."""
     out = result.as_numpy("finish_reason")
     if out is not None and out.size:
         raw = out.reshape(-1)[0]
@@ -369,7 +371,7 @@ def _finish(result: Any) -> FinishReason | None:
             return FINISH_REASONS[reason]
     final = result.get_response().parameters.get("triton_final_response")
     if final is not None and final.bool_param:
-        return FinishReason.STOP
+        return FinishReason.LENGTH if at_max_tokens else FinishReason.STOP
     return None
 
 

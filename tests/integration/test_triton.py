@@ -20,7 +20,16 @@ import orjson
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.integration.edge_fixtures import EDGE_ENV, Stack, parse_sse, stream_raw, wait_ready
+from generated import sluice_pb2 as pb
+from tests.integration.edge_fixtures import (
+    EDGE_ENV,
+    Stack,
+    chat_start,
+    direct_generate,
+    parse_sse,
+    stream_raw,
+    wait_ready,
+)
 from tests.procs import ROOT, Proc, start_edge, start_worker, wait_serving
 from tests.tritonserver import MODEL, Triton, start_triton, wait_event
 
@@ -38,7 +47,7 @@ def _model_dir() -> Path:
     return Path(module.make_model())
 
 
-def worker_args(triton_address: str) -> list[str]:
+def worker_args(triton_address: str, model: str = MODEL) -> list[str]:
     return [
         "--engine",
         "triton",
@@ -49,7 +58,7 @@ def worker_args(triton_address: str) -> list[str]:
         "--triton-url",
         triton_address,
         "--triton-model",
-        MODEL,
+        model,
         "--triton-health-interval",
         "0.2",
     ]
@@ -197,6 +206,33 @@ def test_resume_replays_the_rest_exactly(stack: Stack) -> None:
     rest = [e for e in parse_sse(raw) if "data" in e]
     assert [e["id"] for e in rest] == [e["id"] for e in events[k:]]
     assert [e["data"] for e in rest] == [e["data"] for e in events[k:]]
+
+
+def test_a_model_without_counts_is_counted_by_the_worker_tokenizer(triton: Triton) -> None:
+    """`sluice_sim_plain` has only text_input -> text_output: usage comes from the worker's
+    tokenizer, the end from Triton's final-response flag (length at max_tokens)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(_model_dir()))
+    prompt = tok.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    prompt_ids = len(tok.encode(prompt, add_special_tokens=False))
+    worker = start_worker(*worker_args(triton.grpc_address, "sluice_sim_plain"))
+    try:
+        words = [" " + w for w in ANSWER.split()]
+        for max_tokens, reason, got_words in (
+            (64, pb.FINISH_REASON_STOP, words),
+            (3, pb.FINISH_REASON_LENGTH, words[:3]),
+        ):
+            text, final = direct_generate(
+                worker.address, chat_start(MESSAGES, max_tokens=max_tokens)
+            )
+            assert text == "".join(got_words)
+            assert final.reason == reason
+            counted = sum(len(tok.encode(w, add_special_tokens=False)) for w in got_words)
+            usage = (final.usage.prompt_tokens, final.usage.completion_tokens)
+            assert usage == (prompt_ids, counted)
+    finally:
+        worker.kill()
 
 
 def health(worker: Proc) -> int:

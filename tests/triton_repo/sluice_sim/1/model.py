@@ -112,17 +112,17 @@ class TritonPythonModel:
                 return
             word = ANSWER[i % len(ANSWER)]
             if word in stops:
-                self._respond(sender, "", "stop", prompt, 0, want, first=i == 0)
+                self._respond(sender, "", "stop", prompt, 0, want)
                 self._event(f"finished {rid} stop")
                 return
             last = i == length - 1
             reason = ("length" if length == max_tokens else "stop") if last else None
-            self._respond(sender, " " + word, reason, prompt, 1, want, first=i == 0)
+            self._respond(sender, " " + word, reason, prompt, 1, want)
         if length == 0:
-            self._respond(sender, "", "length", prompt, 0, want, first=True)
+            self._respond(sender, "", "length", prompt, 0, want)
         self._event(f"finished {rid} {'length' if length == max_tokens else 'stop'}")
 
-    def _respond(self, sender, text, reason, prompt, new_tokens, want, first):
+    def _respond(self, sender, text, reason, prompt, new_tokens, want):
         tensors = [pb_utils.Tensor("text_output", np.array([text.encode()], dtype=np.object_))]
         if want["finish_reason"]:
             tensors.append(
