@@ -87,10 +87,14 @@ def backend_dir(tmp: Path) -> Path:
 
 
 def start_triton(
-    repo: Path = REPO, wait: bool = True, timeout: float = 60.0, grpc_port: int = 0
+    repo: Path = REPO,
+    wait: bool = True,
+    timeout: float = 60.0,
+    grpc_port: int = 0,
+    extra: tuple[str, ...] = (),
 ) -> Triton:
-    """Start tritonserver on free 127.0.0.1 ports (gRPC on `grpc_port` if given); by
-    default wait until its model is ready."""
+    """Start tritonserver on free 127.0.0.1 ports (gRPC on `grpc_port` if given, `extra`
+    flags added); by default wait until its model is ready."""
     site = _site()
     stub_site = Path(sys.prefix) / "triton-stub-site"
     if not (stub_site / "numpy").is_dir():
@@ -114,6 +118,7 @@ def start_triton(
         f"--metrics-port={ports[2]}",
         "--allow-metrics=true",
         "--exit-timeout-secs=2",
+        *extra,
     ]
     log_path = tmp / "log"
     with open(log_path, "wb") as log:

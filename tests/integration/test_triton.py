@@ -235,6 +235,59 @@ def test_a_model_without_counts_is_counted_by_the_worker_tokenizer(triton: Trito
         worker.kill()
 
 
+def test_mtls_to_triton(tmp_path: Path) -> None:
+    """Triton with mutual TLS on gRPC: the worker's --triton-tls-* reach it; a plaintext
+    client does not."""
+    import asyncio
+
+    import trustme
+    from tritonclient.grpc.aio import InferenceServerClient
+    from tritonclient.utils import InferenceServerException
+
+    ca = trustme.CA()
+    paths = {}
+    for name, cert in (("server", ca.issue_cert("127.0.0.1")), ("client", ca.issue_cert("w"))):
+        cert.cert_chain_pems[0].write_to_path(str(tmp_path / f"{name}.crt"))
+        cert.private_key_pem.write_to_path(str(tmp_path / f"{name}.key"))
+        paths[name] = (str(tmp_path / f"{name}.crt"), str(tmp_path / f"{name}.key"))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.crt"))
+    server = start_triton(
+        extra=(
+            "--grpc-use-ssl-mutual=true",
+            f"--grpc-server-cert={paths['server'][0]}",
+            f"--grpc-server-key={paths['server'][1]}",
+            f"--grpc-root-cert={tmp_path / 'ca.crt'}",
+        )
+    )
+    try:
+
+        async def plaintext_ready() -> bool:
+            client = InferenceServerClient(server.grpc_address)
+            try:
+                return bool(await client.is_server_ready(client_timeout=5))
+            finally:
+                await client.close()
+
+        with pytest.raises(InferenceServerException):
+            asyncio.run(plaintext_ready())
+        worker = start_worker(
+            *worker_args(server.grpc_address),
+            "--triton-tls-ca",
+            str(tmp_path / "ca.crt"),
+            "--triton-tls-cert",
+            paths["client"][0],
+            "--triton-tls-key",
+            paths["client"][1],
+        )
+        try:
+            text, final = direct_generate(worker.address, chat_start(MESSAGES, max_tokens=2))
+            assert (text, final.reason) == (" Sluice streams", pb.FINISH_REASON_LENGTH)
+        finally:
+            worker.kill()
+    finally:
+        server.kill()
+
+
 def health(worker: Proc) -> int:
     with grpc.insecure_channel(worker.address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
