@@ -20,7 +20,8 @@ setup: ## Create .venv and install everything (engine included); quick when done
 	@bash scripts/install_chromium.sh       # Debian's chromium for the browser test; no-op when present
 
 protos: setup ## Regenerate generated/ from protos/
-	$(PY) -m grpc_tools.protoc -Igenerated=protos --python_out=. --grpc_python_out=. --pyi_out=. $(PROTOS)
+	$(PY) -m grpc_tools.protoc -Igenerated=protos --python_out=. --grpc_python_out=. --pyi_out=. \
+		--include_source_info --descriptor_set_out=generated/contract.binpb $(PROTOS)
 
 check-protos: setup ## Fail if generated/ differs from what protoc makes now
 	$(PY) -m pytest -q tests/unit/test_generated.py

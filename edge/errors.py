@@ -26,7 +26,13 @@ _TRANSPORT_DETAIL = re.compile(
     r"Broken pipe|connection refused|Connection refused",
 )
 # Contract field paths -> OpenAI request parameter names.
-_FIELD_RENAMES = {"chat.messages": "messages", "sampling.logprobs": "logprobs"}
+_FIELD_RENAMES = {
+    "chat.messages": "messages",
+    "chat.tools": "tools",
+    "chat.tool_choice": "tool_choice",
+    "sampling.logprobs": "logprobs",
+    "structured_output": "response_format",
+}
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,17 +55,25 @@ def build_start(
     request_id: str | None = None,
     model: str = "",
     timeout: float | None = None,
+    structured_output: pb.StructuredOutput | None = None,
+    tools: Iterable[pb.Tool] = (),
+    tool_choice: pb.ToolChoice | None = None,
     **sampling: Any,
 ) -> pb.StartGeneration:
-    """A StartGeneration from keyword arguments (sampling fields by their proto names)."""
+    """A StartGeneration from keyword arguments (sampling fields by their proto names;
+    `structured_output`, `tools` and `tool_choice` as contract messages)."""
     start = pb.StartGeneration(
         request_id=request_id or uuid.uuid4().hex,
         model=model,
         sampling=pb.SamplingParams(**sampling),
         timeout_ms=int(timeout * 1000) if timeout else 0,
+        structured_output=structured_output,
     )
     if messages is not None:
         start.chat.messages.extend(pb.ChatMessage(role=r, content=c) for r, c in messages)
+        start.chat.tools.extend(tools)
+        if tool_choice is not None:
+            start.chat.tool_choice.CopyFrom(tool_choice)
     elif prompt is not None:
         start.prompt = prompt
     return start

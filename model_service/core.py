@@ -8,6 +8,7 @@ metrics; neither generations nor metrics know the core (the bootstrap wires them
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from generated import sluice_pb2 as pb
-from model_service import convert, tracing
+from model_service import convert, tools, tracing
 from model_service.admission import Admission
 from model_service.config import WorkerConfig
 from model_service.engines.base import Engine
@@ -23,7 +24,8 @@ from model_service.errors import NotFound, OutOfRange, SluiceError, Unavailable
 from model_service.generation import Generation, Runtime
 from model_service.metrics import WorkerMetrics
 from model_service.replay import ReplayStore
-from model_service.types import WorkerFigures
+from model_service.tools import CallParser
+from model_service.types import GenerationRequest, WorkerFigures
 from model_service.validation import resolve_max_tokens, validate_request
 
 log = logging.getLogger("sluice.worker")
@@ -66,6 +68,9 @@ class WorkerCore:
         validate_request(req, model, self.config.limits)
         if not req.request_id:
             req.request_id = uuid.uuid4().hex
+        engine_id = self.engine_id(req.request_id)
+        parsers = self._tool_parsers(req, engine_id)
+        self.engine.check(req)
         self.store.admit()  # running replay logs under --replay-max-mb
         self.admission.admit(self.engine.stats())
         try:
@@ -80,11 +85,12 @@ class WorkerCore:
             gen = Generation(
                 self._runtime,
                 req,
-                engine_id=self.engine_id(req.request_id),
+                engine_id=engine_id,
                 arrived=arrived,
                 timeout_s=timeout,
                 detach_grace_s=self._detach_grace(start),
             )
+            gen.parsers = parsers
             gen.stamp = start.stamp_times
             gen.trace_id = trace_id
             self.store.add(gen)
@@ -92,6 +98,23 @@ class WorkerCore:
             self.admission.unadmit()
             raise
         return gen
+
+    def _tool_parsers(
+        self, req: GenerationRequest, engine_id: str
+    ) -> list[CallParser | None] | None:
+        """One tool-call parser per choice when the request uses tools (None: plain text);
+        a required or named tool choice becomes the engine's JSON schema constraint."""
+        if not req.tools or req.tool_choice == "none":
+            return None
+        forced = tools.forced_structure(req)
+        if forced is not None:
+            req.structured = forced
+        factory = self.engine.tool_parser
+        parsers: list[CallParser | None] = []
+        for c in range(req.sampling.n):
+            seed = f"{engine_id}/{c}"
+            parsers.append(tools.make_parser(req, functools.partial(tools.call_id, seed), factory))
+        return parsers
 
     def _detach_grace(self, start: pb.StartGeneration) -> float:
         cfg = self.config.replay

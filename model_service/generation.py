@@ -16,6 +16,7 @@ inter-token histogram): it imports neither the worker core nor the metrics.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -26,7 +27,8 @@ from generated import sluice_pb2 as pb
 from model_service import convert
 from model_service.engines.base import Engine
 from model_service.errors import DeadlineExceeded, EngineDead, EngineError, SluiceError
-from model_service.types import EngineOutput, FinishReason, GenerationRequest
+from model_service.tools import CallParser
+from model_service.types import EngineOutput, FinishReason, GenerationRequest, ToolCallDelta
 
 log = logging.getLogger("sluice.worker")
 
@@ -36,6 +38,7 @@ DETACH_EXPIRED = "detach-expired"
 ENTRY_OVERHEAD_BYTES = 41
 
 Listener = Callable[["Generation"], None]
+_MASK64 = (1 << 64) - 1
 
 
 class Hooks(Protocol):
@@ -76,13 +79,13 @@ class Generation:
 
     # Ended generations stay in the replay store for its retention: no __dict__ each.
     __slots__ = (
-        "_cached_tokens", "_cancel_reason", "_completion_tokens", "_detach_timer",
-        "_first_token_at", "_last_token_at", "_listeners", "_prompt_tokens", "_reason",
-        "_rt", "_scheduled_at", "_started", "_tail_text", "_timing", "_tokens_at_detach",
-        "_waiters",
+        "_cached_tokens", "_cancel_reason", "_choice_tokens", "_completion_tokens",
+        "_detach_timer", "_ends", "_first_token_at", "_last_token_at", "_listeners", "_plain",
+        "_prompt_tokens", "_reason", "_rt", "_scheduled_at", "_started", "_tail_text",
+        "_timing", "_tokens_at_detach", "_waiters",
         "arrived", "detach_grace_s", "ended", "engine_id", "error", "log", "log_bytes",
-        "loop", "request", "request_id", "stamp", "subscribers", "task", "timeout_s",
-        "trace_id",
+        "loop", "parsers", "request", "request_id", "stamp", "subscribers", "task",
+        "timeout_s", "trace_id",
     )  # fmt: skip
 
     def __init__(
@@ -128,6 +131,12 @@ class Generation:
         self._last_token_at = 0.0
         self._reason = FinishReason.ERROR
         self._timing: tuple[int, int, int] | None = None  # taken once, at the final
+        n = request.sampling.n
+        self._choice_tokens = [0] * n  # completion tokens per choice
+        self._ends: list[pb.ChoiceEnd | None] = [None] * n
+        # Tool-call parsers, one per choice (set by the core when the request uses tools).
+        self.parsers: list[CallParser | None] | None = None
+        self._plain = True  # chunks need only text and ids (set as the run starts)
 
     @property
     def index(self) -> int:
@@ -252,6 +261,35 @@ class Generation:
                 return
         self._append(convert.chunk_to_pb(self.request_id, len(log), out))
 
+    def _append_choice(
+        self,
+        out: EngineOutput,
+        choice: int,
+        calls: list[ToolCallDelta] | None,
+        end: pb.ChoiceEnd | None,
+    ) -> None:
+        """`_append_tokens` for the other shapes (n > 1, tool calls, usage in chunks):
+        plain text still merges into the newest chunk of the same choice."""
+        log = self.log
+        if log and not out.logprobs and not calls and end is None:
+            tail = log[-1]
+            if type(tail) is not bytes and tail.HasField("chunk"):  # type: ignore[union-attr]
+                chunk = tail.chunk  # type: ignore[union-attr]
+                if chunk.choice == choice and not chunk.tool_calls:
+                    self._tail_text.append(out.text)
+                    chunk.token_ids.extend(out.token_ids)
+                    if self.request.stream_usage:
+                        chunk.usage.completion_tokens = self._completion_tokens
+                    return
+        msg = convert.chunk_to_pb(self.request_id, len(log), out, choice, calls)
+        if end is not None:
+            msg.chunk.choice_end.CopyFrom(end)
+        if self.request.stream_usage:
+            u = msg.chunk.usage
+            u.prompt_tokens, u.completion_tokens = self._prompt_tokens, self._completion_tokens
+            u.cached_prompt_tokens = self._cached_tokens
+        self._append(msg)
+
     def summary(self) -> dict[str, Any]:
         """The generation's outcome, for metrics and the per-request log record."""
         queue_us, ttft_us, total_us = self._timing or self._timing_us()
@@ -288,8 +326,18 @@ class Generation:
         self._reason = reason
         usage = (self._prompt_tokens, self._completion_tokens, self._cached_tokens)
         timing = self._timing = self._timing_us()
+        choices = None
+        if len(self._ends) > 1 and reason not in (FinishReason.ERROR, FinishReason.CANCELLED):
+            choices = [end for end in self._ends if end is not None]
         msg = convert.final_to_pb(
-            self.request_id, self.index, reason, usage, timing, stop_sequence=stop, error=error
+            self.request_id,
+            self.index,
+            reason,
+            usage,
+            timing,
+            stop_sequence=stop,
+            error=error,
+            choices=choices,
         )
         self._append(msg)
         self._freeze(len(self.log) - 1)  # a final never grows
@@ -325,31 +373,92 @@ class Generation:
         """The engine loop: returns (finish reason, stop string) or raises SluiceError."""
         if self._cancel_reason is not None:  # cancelled before it started
             return self._cancelled()
-        itl = self._rt.itl
         deadline = None
         if self.timeout_s is not None:  # one timer, and only for generations with a deadline
             deadline = self.loop.call_later(self.timeout_s, self._deadline_passed)
-        self.request.request_id = self.engine_id
-        outputs = self._rt.engine.generate(self.request)
+        n = self.request.sampling.n
+        self._plain = n == 1 and not self.request.stream_usage and not self.parsers
+        try:
+            if n == 1:  # the common case runs in this task: no child task, no fan-in
+                return await self._choice(0, self.request, self.engine_id)
+            return await self._choices(n)
+        finally:
+            if deadline is not None:
+                deadline.cancel()
+
+    async def _choices(self, n: int) -> tuple[FinishReason, str]:
+        """n > 1: one engine request per choice, each in its own task, all writing to
+        this log (choice i samples with seed + i); choice 0's ending is the generation's."""
+        req, sp = self.request, self.request.sampling
+        tasks = []
+        for c in range(n):
+            seed = None if sp.seed is None else (sp.seed + c) & _MASK64
+            child = dataclasses.replace(req, sampling=dataclasses.replace(sp, n=1, seed=seed))
+            engine_id = f"{self.engine_id}/{c}"
+            tasks.append(self.loop.create_task(self._choice(c, child, engine_id)))
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                if (exc := task.exception()) is not None:
+                    raise exc
+            return tasks[0].result()
+        except asyncio.CancelledError:
+            if self._cancel_reason is None:
+                raise
+            return self._cancelled()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _choice(
+        self, c: int, request: GenerationRequest, engine_id: str
+    ) -> tuple[FinishReason, str]:
+        """Drive one engine request (choice `c`) to its end, logging its deltas."""
+        itl = self._rt.itl
+        request.request_id = engine_id
+        parser = self.parsers[c] if self.parsers else None
+        outputs = self._rt.engine.generate(request)
         finished = False
         try:
             async for out in outputs:
                 if out.scheduled_at is not None:
                     self._scheduled_at = out.scheduled_at
-                self._completion_tokens = out.completion_tokens
                 self._prompt_tokens = out.prompt_tokens or self._prompt_tokens
                 self._cached_tokens = out.cached_prompt_tokens
-                if out.text or out.token_ids:
+                tokens = self._choice_tokens
+                self._completion_tokens += out.completion_tokens - tokens[c]
+                tokens[c] = out.completion_tokens
+                calls = None
+                if parser is not None:
+                    out.text, calls = parser.feed(out.text, out.token_ids)
+                    if out.finish_reason is not None:
+                        rest, more = parser.end()
+                        out.text += rest
+                        calls += more
+                end = None
+                if out.finish_reason is not None:
+                    finished = True
+                    reason = out.finish_reason
+                    if reason is FinishReason.STOP and parser is not None and parser.called:
+                        reason = FinishReason.TOOL_CALLS
+                    if len(tokens) > 1:
+                        end = self._ends[c] = convert.choice_end_to_pb(
+                            reason, out.stop_sequence, tokens[c]
+                        )
+                if out.text or out.token_ids or calls or end is not None:
                     now = time.monotonic()
                     if self._first_token_at is None:
                         self._first_token_at = now
                     else:
                         itl.observe(now - self._last_token_at)
                     self._last_token_at = now
-                    self._append_tokens(out)
-                if out.finish_reason is not None:
-                    finished = True
-                    return out.finish_reason, out.stop_sequence
+                    if self._plain:
+                        self._append_tokens(out)
+                    else:
+                        self._append_choice(out, c, calls, end)
+                if finished:
+                    return reason, out.stop_sequence
             # The engine ended the stream without a finish: aborted from outside.
             return self._cancelled()
         except asyncio.CancelledError:
@@ -359,24 +468,22 @@ class Generation:
         except SluiceError:
             raise
         except Exception as exc:
-            log.exception("engine failure in %s", self.engine_id)
+            log.exception("engine failure in %s", engine_id)
             raise EngineError(f"engine failure: {type(exc).__name__}") from exc
         finally:
-            if deadline is not None:
-                deadline.cancel()
-            self.request.request_id = self.request_id
+            request.request_id = self.request_id
             if finished:
                 await outputs.aclose()  # type: ignore[attr-defined]  # the engine ended it
             else:
                 # Shielded: freeing the engine's slot and KV cache must complete.
-                await asyncio.shield(self._abort_engine(outputs))
+                await asyncio.shield(self._abort_engine(outputs, engine_id))
 
     def _deadline_passed(self) -> None:
         self.cancel(DeadlineExceeded(f"generation exceeded its deadline of {self.timeout_s:.3f}s"))
 
-    async def _abort_engine(self, outputs: AsyncIterator[EngineOutput]) -> None:
+    async def _abort_engine(self, outputs: AsyncIterator[EngineOutput], engine_id: str) -> None:
         await outputs.aclose()  # type: ignore[attr-defined]
-        await self._rt.engine.abort(self.engine_id)
+        await self._rt.engine.abort(engine_id)
 
     def _cancelled(self) -> tuple[FinishReason, str]:
         reason = self._cancel_reason

@@ -6,16 +6,24 @@ The v1 protocol is v1alpha under another package name: the same messages with th
 field numbers, hence the same bytes. So one servicer answers both, registered a second
 time under the v1 name, and the v1 file descriptor, derived from the v1alpha one, joins the
 default pool so that clients can `describe` the v1 service as well.
+
+The contract's own file is served as protoc wrote it with its comments
+(`generated/contract.binpb`, `--include_source_info`), so `grpcurl describe` shows the
+documentation internal callers read; the Python descriptor pool keeps no comments.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
 
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool
 from grpc_reflection.v1alpha import reflection
 from grpc_reflection.v1alpha import reflection_pb2 as v1alpha
+
+DOCUMENTED = Path(__file__).resolve().parents[1] / "generated" / "contract.binpb"
 
 V1ALPHA_SERVICE_NAME = reflection.SERVICE_NAME
 V1_PACKAGE = "grpc.reflection.v1"
@@ -51,12 +59,43 @@ def _add_v1_descriptor(pool: descriptor_pool.DescriptorPool) -> None:
         pool.Add(v1_file_descriptor())
 
 
+def documented_files(path: Path = DOCUMENTED) -> dict[str, bytes]:
+    """File name -> its FileDescriptorProto with comments, from protoc's descriptor set."""
+    if not path.exists():
+        return {}
+    files = descriptor_pb2.FileDescriptorSet.FromString(path.read_bytes()).file
+    return {f.name: f.SerializeToString() for f in files}
+
+
+class DocumentedReflection(reflection.aio.ReflectionServicer):  # type: ignore[misc]
+    """grpcio's reflection servicer, answering with the commented files where it has them."""
+
+    def __init__(self, names: Iterable[str], pool: Any, documented: dict[str, bytes]) -> None:
+        super().__init__(names, pool=pool)
+        self._documented = documented
+
+    def _swap(self, response: Any) -> Any:
+        if response.HasField("file_descriptor_response"):
+            protos = response.file_descriptor_response.file_descriptor_proto
+            for i, raw in enumerate(protos):
+                name = descriptor_pb2.FileDescriptorProto.FromString(raw).name
+                if name in self._documented:
+                    protos[i] = self._documented[name]
+        return response
+
+    def _file_by_filename(self, request: Any, filename: str) -> Any:
+        return self._swap(super()._file_by_filename(request, filename))
+
+    def _file_containing_symbol(self, request: Any, name: str) -> Any:
+        return self._swap(super()._file_containing_symbol(request, name))
+
+
 def enable(service_names: Iterable[str], server: grpc.aio.Server) -> None:
     """Serve reflection (v1 and v1alpha) for `service_names` and for itself."""
     names = (*service_names, V1_SERVICE_NAME, V1ALPHA_SERVICE_NAME)
     pool = descriptor_pool.Default()
     _add_v1_descriptor(pool)
-    servicer = reflection.aio.ReflectionServicer(names, pool=pool)
+    servicer = DocumentedReflection(names, pool, documented_files())
     handler = grpc.stream_stream_rpc_method_handler(
         servicer.ServerReflectionInfo,
         request_deserializer=v1alpha.ServerReflectionRequest.FromString,

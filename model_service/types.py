@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class FinishReason(enum.Enum):
@@ -13,12 +14,58 @@ class FinishReason(enum.Enum):
     LENGTH = "length"
     CANCELLED = "cancelled"
     ERROR = "error"
+    TOOL_CALLS = "tool_calls"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A call the model made, as the history carries it."""
+
+    id: str
+    name: str
+    arguments: str  # JSON text
 
 
 @dataclass(frozen=True, slots=True)
 class ChatMessage:
     role: str
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str = ""
+    name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    """A function the model may call."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] | None = None  # a JSON Schema; None = no parameters
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """A streamed part of a tool call: id and name on its first delta, then arguments."""
+
+    index: int
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredOutput:
+    """A constraint on the output: `kind` is json_schema, json_object, regex, choice or
+    grammar; `value` the schema text, the regex, the grammar or the choices."""
+
+    kind: str
+    value: str | tuple[str, ...] = ""
+    disable_any_whitespace: bool = False
+
+    @property
+    def field(self) -> str:
+        return f"structured_output.{self.kind}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +85,9 @@ class SamplingParams:
     logprobs: int | None = None
     ignore_eos: bool = False
     min_tokens: int = 0
+    min_p: float = 0.0
+    stop_token_ids: tuple[int, ...] = ()
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(slots=True)
@@ -56,6 +106,13 @@ class GenerationRequest:
     model: str = ""
     timeout_s: float | None = None
     prompt_token_ids: list[int] | None = None
+    # What the engine enforces while sampling (set by the caller or by a tool choice).
+    structured: StructuredOutput | None = None
+    tools: tuple[Tool, ...] = ()
+    tool_choice: str = "auto"  # "auto", "none", "required" or "function"
+    tool_function: str = ""  # with tool_choice "function"
+    parallel_tool_calls: bool = True
+    stream_usage: bool = False
     # The caller's W3C trace context (traceparent, tracestate) while tracing is on.
     trace_headers: dict[str, str] | None = None
 

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import math
+import re
 
 from model_service.config import Limits
 from model_service.errors import InvalidArgument, NotFound
-from model_service.types import GenerationRequest, ModelInfo
+from model_service.types import GenerationRequest, ModelInfo, StructuredOutput
 
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
+MAX_N = 16
+MAX_TOOLS = 128
+MAX_STOP_TOKEN_IDS = 64
+MAX_LOGIT_BIAS = 300
+MAX_CHOICES = 1024
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def validate_request(req: GenerationRequest, model: ModelInfo, limits: Limits) -> None:
@@ -21,6 +29,9 @@ def validate_request(req: GenerationRequest, model: ModelInfo, limits: Limits) -
         )
     _validate_input(req, limits)
     _validate_sampling(req, model, limits)
+    if req.structured is not None:
+        validate_structured(req.structured)
+    _validate_tools(req)
 
 
 def _validate_input(req: GenerationRequest, limits: Limits) -> None:
@@ -41,7 +52,7 @@ def _validate_input(req: GenerationRequest, limits: Limits) -> None:
             raise InvalidArgument(
                 "chat.messages", f"content exceeds {limits.max_prompt_bytes} bytes"
             )
-        if not any(m.content for m in req.messages):
+        if not any(m.content or m.tool_calls for m in req.messages):
             raise InvalidArgument("chat.messages", "all messages are empty")
     else:
         prompt = req.prompt or ""
@@ -73,8 +84,17 @@ def _validate_sampling(req: GenerationRequest, model: ModelInfo, limits: Limits)
             raise InvalidArgument(f"sampling.{name}", "must be in [-2, 2]")
     if not math.isfinite(sp.repetition_penalty) or sp.repetition_penalty <= 0:
         raise InvalidArgument("sampling.repetition_penalty", "must be > 0")
-    if sp.n != 1:
-        raise InvalidArgument("sampling.n", "only n = 1 is supported")
+    if not 1 <= sp.n <= MAX_N:
+        raise InvalidArgument("sampling.n", f"must be between 1 and {MAX_N}")
+    if not math.isfinite(sp.min_p) or not 0 <= sp.min_p <= 1:
+        raise InvalidArgument("sampling.min_p", "must be in [0, 1]")
+    if len(sp.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+        raise InvalidArgument("sampling.stop_token_ids", f"at most {MAX_STOP_TOKEN_IDS} ids")
+    if len(sp.logit_bias) > MAX_LOGIT_BIAS:
+        raise InvalidArgument("sampling.logit_bias", f"at most {MAX_LOGIT_BIAS} entries")
+    for tid, bias in sp.logit_bias:
+        if not math.isfinite(bias) or not -100 <= bias <= 100:
+            raise InvalidArgument(f"sampling.logit_bias[{tid}]", "must be in [-100, 100]")
     if sp.logprobs is not None and sp.logprobs > 20:
         raise InvalidArgument("sampling.logprobs", "at most 20")
     if len(sp.stop) > limits.max_stop_strings:
@@ -88,6 +108,51 @@ def _validate_sampling(req: GenerationRequest, model: ModelInfo, limits: Limits)
             )
     if req.timeout_s is not None and req.timeout_s <= 0:
         raise InvalidArgument("timeout_ms", "must be positive")
+
+
+def validate_structured(so: StructuredOutput) -> None:
+    """What can be checked without the grammar backend (which compiles it)."""
+    if so.kind == "json_schema":
+        try:
+            schema = json.loads(so.value)  # type: ignore[arg-type]
+        except ValueError as exc:
+            raise InvalidArgument(so.field, f"not valid JSON: {exc}") from None
+        if not isinstance(schema, dict | bool):
+            raise InvalidArgument(so.field, "a JSON Schema is an object (or a boolean)")
+    elif so.kind == "choice":
+        if not so.value or len(so.value) > MAX_CHOICES:
+            raise InvalidArgument(so.field, f"between 1 and {MAX_CHOICES} choices")
+        if any(not c for c in so.value):
+            raise InvalidArgument(so.field, "choices must not be empty")
+    elif so.kind in ("regex", "grammar") and not so.value:
+        raise InvalidArgument(so.field, "must not be empty")
+
+
+def _validate_tools(req: GenerationRequest) -> None:
+    if len(req.tools) > MAX_TOOLS:
+        raise InvalidArgument("chat.tools", f"at most {MAX_TOOLS} tools")
+    names = set()
+    for i, tool in enumerate(req.tools):
+        if not TOOL_NAME.fullmatch(tool.name):
+            raise InvalidArgument(
+                f"chat.tools[{i}].name", "1-64 letters, digits, underscores or dashes"
+            )
+        if tool.name in names:
+            raise InvalidArgument(f"chat.tools[{i}].name", f"{tool.name!r} is defined twice")
+        names.add(tool.name)
+    if req.tool_choice in ("required", "function"):
+        if not req.tools:
+            raise InvalidArgument("chat.tool_choice", f"{req.tool_choice!r} needs `tools`")
+        if req.structured is not None:
+            raise InvalidArgument(
+                "structured_output",
+                "a structured output cannot be combined with a required or named tool choice "
+                "(the tool call's schema is the constraint)",
+            )
+    if req.tool_choice == "function" and req.tool_function not in names:
+        raise InvalidArgument(
+            "chat.tool_choice.function", f"{req.tool_function[:64]!r} is not one of `tools`"
+        )
 
 
 def resolve_max_tokens(req: GenerationRequest, model: ModelInfo, prompt_tokens: int) -> int:

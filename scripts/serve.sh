@@ -3,6 +3,7 @@
 # Ctrl-C (or SIGTERM) drains and stops both: the edge first, then the worker.
 #   SLUICE_ENGINE=sim        use the simulated engine instead of vLLM
 #   SLUICE_MODEL_DIR=DIR     any local HF model directory (default: converted SmolLM2)
+#   SLUICE_TOOL_PARSER=NAME  vLLM tool parser for tool_choice auto (default: hermes)
 #   WORKER_PORT / EDGE_PORT  ports (50051 / 8000)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +15,9 @@ EDGE_PORT=${EDGE_PORT:-8000}
 
 worker_args=(--engine "$ENGINE" --host 127.0.0.1 --port "$WORKER_PORT")
 if [ "$ENGINE" = vllm ]; then
-  worker_args+=(--model "$MODEL_DIR")
+  # Tool choice "auto" (what the openai SDK sends with tools) through vLLM's Hermes parser:
+  # SmolLM2 has no tool format of its own, so it answers in text unless told otherwise.
+  worker_args+=(--model "$MODEL_DIR" --tool-call-parser "${SLUICE_TOOL_PARSER:-hermes}")
   # On CPU, size the KV cache explicitly: the default share of "GPU" memory is a share of
   # a node-memory figure that varies between runs here.
   if ! (command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1); then

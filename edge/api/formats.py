@@ -3,15 +3,19 @@ whole non-streaming responses.
 
 Per token the hot path is one `orjson.dumps(text)` between a prefix and a suffix made
 once per stream; everything that does not change within a stream is encoded up front.
+The other shapes (n > 1, tool calls, usage in every chunk) go through `events`, which
+builds each chunk as an object: a stream with them is a "rich" job (`Job.rich`).
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Any
 
 import orjson
 
 from edge.api.schema import Kind
+from edge.stream.job import FINISH_REASONS, Event
 from generated import sluice_pb2 as pb
 
 _dumps = orjson.dumps
@@ -28,6 +32,54 @@ def usage_dict(u: pb.Usage) -> dict[str, Any]:
 
 def _token(text: str, logprob: float) -> dict[str, Any]:
     return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+
+def tool_call_delta(t: pb.ToolCallDelta) -> dict[str, Any]:
+    """A streamed tool call part as OpenAI's `delta.tool_calls[]` entry."""
+    if t.id:
+        return {
+            "index": t.index,
+            "id": t.id,
+            "type": "function",
+            "function": {"name": t.name, "arguments": t.arguments},
+        }
+    return {"index": t.index, "function": {"arguments": t.arguments}}
+
+
+class Collected:
+    """One choice of a whole (non-streamed) response, gathered from its chunks."""
+
+    __slots__ = ("calls", "logprobs", "texts")
+
+    def __init__(self, logprobs: bool) -> None:
+        self.texts: list[str] = []
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.logprobs: list[dict[str, Any]] | None = [] if logprobs else None
+
+    def add(self, chunk: pb.TokenChunk, logprobs: list[dict[str, Any]] | None) -> None:
+        self.texts.append(chunk.text)
+        if logprobs is not None and self.logprobs is not None:
+            self.logprobs.extend(logprobs)
+        for t in chunk.tool_calls:
+            call = self.calls.get(t.index)
+            if call is None:
+                fn = {"name": t.name, "arguments": ""}
+                call = self.calls[t.index] = {"id": t.id, "type": "function", "function": fn}
+            call["function"]["arguments"] += t.arguments
+
+    @property
+    def text(self) -> str:
+        return "".join(self.texts)
+
+    def tool_calls(self) -> list[dict[str, Any]]:
+        return [self.calls[i] for i in sorted(self.calls)]
+
+
+def choice_reasons(final: pb.Final) -> dict[int, str]:
+    """The finish reason of every choice: from `final.choices` (n > 1) or the final's own."""
+    if not final.choices:
+        return {0: FINISH_REASONS[final.reason]}
+    return {i: FINISH_REASONS.get(end.reason, "stop") for i, end in enumerate(final.choices)}
 
 
 def logprob_entries(chunk: pb.TokenChunk) -> list[dict[str, Any]]:
@@ -48,11 +100,24 @@ class ChunkFormat:
     response_object = ""  # of a whole response
     logprobs = staticmethod(logprob_entries)
 
-    def __init__(self, response_id: str, model: str, created: int, include_usage: bool) -> None:
+    replay_from_start = False  # resumes pick up at the event's own message (cursor)
+
+    def __init__(
+        self, response_id: str, model: str, created: int, include_usage: bool, n: int = 1
+    ) -> None:
         self.response_id = response_id
         self.model = model
         self.created = created
         self.include_usage = include_usage
+        self.n = n
+        self._collected: dict[int, Collected] = {}
+        self._obj = {
+            "id": response_id,
+            "object": self.object_name,
+            "created": created,
+            "model": model,
+            "system_fingerprint": None,
+        }
         self._head = (
             b'{"id":'
             + _dumps(response_id)
@@ -71,6 +136,78 @@ class ChunkFormat:
         """A chunk to send as soon as the stream starts, if the format has one."""
         return None
 
+    def opening_events(self, seq: int) -> list[Event]:
+        """The event that opens a stream, if the format has one: with n > 1 one chunk
+        holding every choice's opening (one event, so one id to resume after)."""
+        if self.n == 1:
+            first = self.opening()
+            return [] if first is None else [(None, first)]
+        choices = [self._open_choice(c) for c in range(self.n)]
+        return [(None, self._chunk_of(choices, None))] if choices[0] is not None else []
+
+    def _open_choice(self, choice: int) -> dict[str, Any] | None:
+        return None
+
+    def _choice_delta(self, chunk: pb.TokenChunk, logprobs: Any) -> dict[str, Any] | None:
+        """The content fields of a rich chunk's choice (None: nothing to send)."""
+        raise NotImplementedError
+
+    def _chunk(self, choice: dict[str, Any], usage: pb.Usage | None) -> bytes:
+        return self._chunk_of([choice], usage)
+
+    def _chunk_of(self, choices: list[Any], usage: pb.Usage | None) -> bytes:
+        obj = {**self._obj, "choices": choices}
+        if usage is not None:
+            obj["usage"] = usage_dict(usage)
+        elif self.include_usage:
+            obj["usage"] = None
+        return _dumps(obj)
+
+    def events(self, chunk: pb.TokenChunk, logprobs: Any, seq: int) -> list[Event]:
+        """A chunk of any shape (choice, tool calls, usage, a choice's end) as events."""
+        usage = chunk.usage if chunk.HasField("usage") else None
+        out: list[Event] = []
+        fields = self._choice_delta(chunk, logprobs)
+        if fields is not None:
+            choice = {"index": chunk.choice, **fields, "finish_reason": None}
+            out.append((None, self._chunk(choice, usage)))
+        if chunk.HasField("choice_end"):
+            reason = FINISH_REASONS.get(chunk.choice_end.reason, "stop")
+            out.append((None, self._chunk(self._finish_choice(chunk.choice, reason), usage)))
+        return out
+
+    def _finish_choice(self, choice: int, reason: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def ending(self, final: pb.Final, seq: int) -> list[Event]:
+        """Every event after the last token: the finish (n = 1: choices ended on the way),
+        the usage chunk if asked, `[DONE]`."""
+        out: list[Event] = []
+        if not final.choices:
+            out.append((None, self.finish(FINISH_REASONS[final.reason])))
+        if self.include_usage:
+            out.append((None, self.usage(final.usage)))
+        out.append((None, b"[DONE]"))
+        return out
+
+    def collect(self, chunk: pb.TokenChunk, logprobs: list[dict[str, Any]] | None) -> None:
+        """Gather a chunk for the whole response."""
+        got = self._collected.get(chunk.choice)
+        if got is None:
+            got = self._collected[chunk.choice] = Collected(logprobs is not None)
+        got.add(chunk, logprobs)
+
+    def whole(self, final: pb.Final, logprobs: bool) -> dict[str, Any]:
+        """The whole (non-streamed) response from what `collect` gathered."""
+        reasons = choice_reasons(final)
+        choices = []
+        for i in range(max(self.n, len(reasons))):
+            got = self._collected.get(i) or Collected(logprobs)
+            fields = self.choice(got.text, got.logprobs, got.tool_calls())
+            choices.append({"index": i, **fields, "finish_reason": reasons.get(i, "stop")})
+        return {**self._obj, "object": self.response_object, "choices": choices,
+                "usage": usage_dict(final.usage)}  # fmt: skip
+
     def delta(self, text: str, logprobs: list[dict[str, Any]] | None) -> bytes:
         raise NotImplementedError
 
@@ -81,23 +218,19 @@ class ChunkFormat:
         """The extra last chunk of `stream_options.include_usage`: no choices, the usage."""
         return self._head + b'[],"usage":' + _dumps(usage_dict(usage)) + b"}"
 
-    def choice(self, text: str, logprobs: list[dict[str, Any]] | None) -> dict[str, Any]:
-        """The content fields of the one choice of a whole (non-streamed) response."""
+    def choice(
+        self, text: str, logprobs: list[dict[str, Any]] | None, calls: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """The content fields of one choice of a whole (non-streamed) response."""
         raise NotImplementedError
 
     def response(
         self, text: str, reason: str, usage: pb.Usage, logprobs: list[dict[str, Any]] | None
     ) -> dict[str, Any]:
-        """A whole (non-streamed) response object."""
-        return {
-            "id": self.response_id,
-            "object": self.response_object,
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": None,
-            "choices": [{"index": 0, **self.choice(text, logprobs), "finish_reason": reason}],
-            "usage": usage_dict(usage),
-        }
+        """A whole (non-streamed) response object with one plain choice."""
+        choice = {"index": 0, **self.choice(text, logprobs, []), "finish_reason": reason}
+        return {**self._obj, "object": self.response_object, "choices": [choice],
+                "usage": usage_dict(usage)}  # fmt: skip
 
 
 class ChatFormat(ChunkFormat):
@@ -106,8 +239,10 @@ class ChatFormat(ChunkFormat):
     object_name = "chat.completion.chunk"
     response_object = "chat.completion"
 
-    def __init__(self, response_id: str, model: str, created: int, include_usage: bool) -> None:
-        super().__init__(response_id, model, created, include_usage)
+    def __init__(
+        self, response_id: str, model: str, created: int, include_usage: bool, n: int = 1
+    ) -> None:
+        super().__init__(response_id, model, created, include_usage, n)
         self._delta_head = self._head + b'[{"index":0,"delta":{"content":'
         self._null_end = b',"finish_reason":null}]' + self._tail
 
@@ -118,9 +253,26 @@ class ChatFormat(ChunkFormat):
             + self._null_end
         )
 
+    def _open_choice(self, choice: int) -> dict[str, Any] | None:
+        delta = {"role": "assistant", "content": ""}
+        return {"index": choice, "delta": delta, "logprobs": None, "finish_reason": None}
+
     def delta(self, text: str, logprobs: list[dict[str, Any]] | None) -> bytes:
         lp = b"null" if logprobs is None else b'{"content":' + _dumps(logprobs) + b"}"
         return self._delta_head + _dumps(text) + b'},"logprobs":' + lp + self._null_end
+
+    def _choice_delta(self, chunk: pb.TokenChunk, logprobs: Any) -> dict[str, Any] | None:
+        delta: dict[str, Any] = {}
+        if chunk.text:
+            delta["content"] = chunk.text
+        if chunk.tool_calls:
+            delta["tool_calls"] = [tool_call_delta(t) for t in chunk.tool_calls]
+        if not delta and logprobs is None:
+            return None
+        return {"delta": delta, "logprobs": None if logprobs is None else {"content": logprobs}}
+
+    def _finish_choice(self, choice: int, reason: str) -> dict[str, Any]:
+        return {"index": choice, "delta": {}, "logprobs": None, "finish_reason": reason}
 
     def finish(self, reason: str) -> bytes:
         return (
@@ -131,11 +283,14 @@ class ChatFormat(ChunkFormat):
             + self._tail
         )
 
-    def choice(self, text: str, logprobs: list[dict[str, Any]] | None) -> dict[str, Any]:
-        return {
-            "message": {"role": "assistant", "content": text},
-            "logprobs": None if logprobs is None else {"content": logprobs},
-        }
+    def choice(
+        self, text: str, logprobs: list[dict[str, Any]] | None, calls: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if calls:
+            message["content"] = text or None
+            message["tool_calls"] = calls
+        return {"message": message, "logprobs": None if logprobs is None else {"content": logprobs}}
 
 
 class CompletionFormat(ChunkFormat):
@@ -144,16 +299,18 @@ class CompletionFormat(ChunkFormat):
     object_name = "text_completion"
     response_object = "text_completion"
 
-    def __init__(self, response_id: str, model: str, created: int, include_usage: bool) -> None:
-        super().__init__(response_id, model, created, include_usage)
+    def __init__(
+        self, response_id: str, model: str, created: int, include_usage: bool, n: int = 1
+    ) -> None:
+        super().__init__(response_id, model, created, include_usage, n)
         self._text_head = self._head + b'[{"index":0,"text":'
-        self._offset = 0  # characters sent so far, for logprobs.text_offset
+        self._offsets: defaultdict[int, int] = defaultdict(int)  # per choice, text_offset
 
-    def _legacy_logprobs(self, entries: list[dict[str, Any]]) -> dict[str, Any]:
+    def _legacy_logprobs(self, entries: list[dict[str, Any]], choice: int = 0) -> dict[str, Any]:
         offsets = []
         for e in entries:
-            offsets.append(self._offset)
-            self._offset += len(e["token"])
+            offsets.append(self._offsets[choice])
+            self._offsets[choice] += len(e["token"])
         return {
             "tokens": [e["token"] for e in entries],
             "token_logprobs": [e["logprob"] for e in entries],
@@ -183,15 +340,27 @@ class CompletionFormat(ChunkFormat):
             + self._tail
         )
 
-    def choice(self, text: str, logprobs: list[dict[str, Any]] | None) -> dict[str, Any]:
+    def _choice_delta(self, chunk: pb.TokenChunk, logprobs: Any) -> dict[str, Any] | None:
+        if not chunk.text and logprobs is None:
+            return None
+        legacy = None if logprobs is None else self._legacy_logprobs(logprobs, chunk.choice)
+        return {"text": chunk.text, "logprobs": legacy}
+
+    def _finish_choice(self, choice: int, reason: str) -> dict[str, Any]:
+        return {"index": choice, "text": "", "logprobs": None, "finish_reason": reason}
+
+    def choice(
+        self, text: str, logprobs: list[dict[str, Any]] | None, calls: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        self._offsets[0] = 0
         legacy = None if logprobs is None else self._legacy_logprobs(logprobs)
         return {"text": text, "logprobs": legacy}
 
 
 def make_format(
-    kind: Kind, request_id: str, model: str, created: int, include_usage: bool
+    kind: Kind, request_id: str, model: str, created: int, include_usage: bool, n: int = 1
 ) -> ChunkFormat:
     """The renderer for an endpoint; ids follow OpenAI's prefixes."""
     if kind == "chat":
-        return ChatFormat(f"chatcmpl-{request_id}", model, created, include_usage)
-    return CompletionFormat(f"cmpl-{request_id}", model, created, include_usage)
+        return ChatFormat(f"chatcmpl-{request_id}", model, created, include_usage, n)
+    return CompletionFormat(f"cmpl-{request_id}", model, created, include_usage, n)

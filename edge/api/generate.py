@@ -22,14 +22,22 @@ from starlette.responses import Response
 
 from edge.api.formats import make_format
 from edge.api.pages import ORJSONResponse
-from edge.api.schema import GenRequest, Kind, check_prompt, parse
+from edge.api.responses import ResponsesFormat, parse_responses
+from edge.api.schema import (
+    GenRequest,
+    Kind,
+    check_prompt,
+    decode_body,
+    parse_chat,
+    parse_completion,
+)
 from edge.api.state import EdgeState
 from edge.errors import ApiError, from_status
 from edge.obs import tracing
 from edge.obs.logs import TRACE_RE
 from edge.obs.record import record_of
 from edge.stream.ids import PART_DONE, Origin, ResumePoint, bad_event_id, not_yours
-from edge.stream.job import Job
+from edge.stream.job import Format, Job
 from edge.stream.response import GenerationResponse
 from edge.upstream.calls import ResumeCall
 from edge.upstream.continuation import split_id
@@ -45,6 +53,8 @@ TIMEOUT_HEADER = "x-request-timeout"  # seconds: the client's own deadline for t
 # nothing is read until the end, so it bounds the whole generation; a stream reads often.
 OPENAI_READ_TIMEOUT_HEADER = "x-stainless-read-timeout"
 _STAMPED_ID = re.compile(r"[0-9a-f]{32}")
+_BROWSER = GenRequest(kind="chat", include_usage=True)  # what stream links render
+_PARSERS = {"chat": parse_chat, "completion": parse_completion, "responses": parse_responses}
 
 
 def new_request_id() -> str:
@@ -114,7 +124,7 @@ async def _prepare(state: EdgeState, request: Request, kind: Kind) -> Prepared:
     if state.draining:
         raise from_status(grpc.StatusCode.UNAVAILABLE, "this edge is shutting down")
     cfg = state.config
-    req = parse(kind, await read_body(request, cfg.server.max_body_bytes))
+    req = _PARSERS[kind](decode_body(await read_body(request, cfg.server.max_body_bytes)))
     check_prompt(req, cfg.security.max_prompt_chars)
     key = session_key(request.headers, request.cookies, req.user)  # affinity, see routing
     request_id = new_request_id()
@@ -125,6 +135,14 @@ async def _prepare(state: EdgeState, request: Request, kind: Kind) -> Prepared:
     return Prepared(req, key, request_id, trace_id(request, request_id), owner, body, start)
 
 
+def _format(kind: Kind, request_id: str, model: str, req: GenRequest) -> Format:
+    """The renderer of an endpoint's events and whole responses."""
+    created = created_at(request_id)
+    if kind == "responses":
+        return ResponsesFormat(request_id, model, created, req.echo)
+    return make_format(kind, request_id, model, created, req.include_usage, req.n)
+
+
 def _failover(
     state: EdgeState, p: Prepared, detach_grace_s: float, timeout: float, stamps: bool = False
 ) -> FailoverCall:
@@ -133,7 +151,12 @@ def _failover(
     start = p.start
     start.detach_grace_ms = int(detach_grace_s * 1000)
     start.stamp_times = stamps
-    return FailoverCall(registry, worker, start, timeout, p.trace_id, p.key, p.req.model)
+    # A Responses stream's events depend on all before them: it resumes by replaying its
+    # one generation, so it is never continued as a second one elsewhere.
+    continuable = p.req.kind != "responses"
+    return FailoverCall(
+        registry, worker, start, timeout, p.trace_id, p.key, p.req.model, continuable
+    )
 
 
 async def generate(state: EdgeState, request: Request, kind: Kind) -> Response | GenerationResponse:
@@ -153,12 +176,12 @@ async def generate(state: EdgeState, request: Request, kind: Kind) -> Response |
                 param="Last-Event-ID",
                 code="resume_body_mismatch",
             )
-        return _resume(state, request, kind, point, p.req.include_usage)
+        return _resume(state, request, kind, point, p.req)
     stamps = cfg.allow_stamps and request.headers.get(STAMP_HEADER) == "1"
     timeout = timeout_s(request, p.req.stream, cfg.request_timeout_s)
     call = _failover(state, p, cfg.detach_grace_s, timeout, stamps)
-    model = p.req.model or call.worker.model_id()
-    fmt = make_format(kind, p.request_id, model, created_at(p.request_id), p.req.include_usage)
+    req = p.req
+    fmt = _format(kind, p.request_id, req.model or call.worker.model_id(), req)
     job = Job(
         request_id=p.request_id,
         trace_id=p.trace_id,
@@ -173,6 +196,7 @@ async def generate(state: EdgeState, request: Request, kind: Kind) -> Response |
         name_worker=True,
         owner=p.owner,
         body=p.body,
+        rich=req.n > 1 or bool(req.tools) or req.continuous_usage or kind == "responses",
     )
     return GenerationResponse(job)
 
@@ -182,7 +206,7 @@ def _resume(
     request: Request,
     kind: Kind,
     point: ResumePoint,
-    include_usage: bool,
+    req: GenRequest,
     *,
     from_start: bool = False,
 ) -> Response | GenerationResponse:
@@ -195,17 +219,16 @@ def _resume(
     worker = registry.find(point.worker)
     trace = trace_id(request, point.request_id)
     cfg = state.config.stream
+    original = split_id(point.request_id)[0]  # a continuation's chunks keep the stream's id
+    fmt = _format(kind, original, req.model or worker.model_id(), req)
     call = ResumeCall(
         worker,
         point.request_id,
-        point.cursor,
+        0 if fmt.replay_from_start else point.cursor,
         cfg.request_timeout_s,
         trace,
         on_end=lambda: registry.released(worker),
     )
-    original = split_id(point.request_id)[0]  # a continuation's chunks keep the stream's id
-    created = created_at(original)
-    fmt = make_format(kind, original, worker.model_id(), created, include_usage)
     job = Job(
         request_id=original,
         trace_id=trace,
@@ -220,6 +243,7 @@ def _resume(
         resumed="stream_link" if from_start else "last_event_id",
         owner=point.origin.owner,
         body=point.origin.body,
+        rich=True,  # the original request's shape is not known here: any chunk may come
     )
     return GenerationResponse(job)
 
@@ -273,6 +297,6 @@ async def read_stream(
         point = state.codec.parse(last)
         if point.origin != origin:
             raise bad_event_id("it belongs to another stream")
-        return _resume(state, request, "chat", point, include_usage=True)
+        return _resume(state, request, "chat", point, _BROWSER)
     start = ResumePoint(origin, seq=-1, cursor=0)
-    return _resume(state, request, "chat", start, include_usage=True, from_start=True)
+    return _resume(state, request, "chat", start, _BROWSER, from_start=True)

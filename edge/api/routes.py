@@ -30,6 +30,7 @@ POST, READ = frozenset({"POST"}), frozenset({"GET", "HEAD"})
 GENERATION_ROUTES: dict[str, tuple[frozenset[str], Endpoint]] = {
     "/v1/chat/completions": (POST, lambda s, r: generate.generate(s, r, "chat")),
     "/v1/completions": (POST, lambda s, r: generate.generate(s, r, "completion")),
+    "/v1/responses": (POST, lambda s, r: generate.generate(s, r, "responses")),
     "/v1/streams": (POST, generate.create_stream),
 }
 PAGE_ROUTES = [

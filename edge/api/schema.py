@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import orjson
 
+from edge.api import constraints
 from edge.errors import ApiError, invalid
 from generated import sluice_pb2 as pb
 
@@ -25,10 +26,11 @@ MAX_MODEL_NAME = 256
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for /v1/completions
 # Parameters we cannot honour: refused when set to anything but their "off" value, so a
 # client never silently gets a different behaviour than it asked for.
-_UNSUPPORTED_CHAT = ("tools", "functions", "tool_choice", "logit_bias", "audio", "modalities")
-_UNSUPPORTED_COMPLETION = ("suffix", "logit_bias")
+_UNSUPPORTED_CHAT = ("functions", "function_call", "audio", "modalities", "prediction")
+_UNSUPPORTED_COMPLETION = ("suffix",)
+MAX_N = 16  # the contract's limit
 
-Kind = Literal["chat", "completion"]
+Kind = Literal["chat", "completion", "responses"]
 
 
 @dataclass(slots=True)
@@ -37,7 +39,7 @@ class GenRequest:
 
     kind: Kind
     model: str = ""
-    messages: list[tuple[str, str]] | None = None
+    messages: list[pb.ChatMessage] | None = None
     prompt: str | None = None
     max_tokens: int | None = None
     temperature: float | None = None
@@ -53,7 +55,17 @@ class GenRequest:
     logprobs: int | None = None  # top alternatives per token; None = no logprobs
     stream: bool = False
     include_usage: bool = False
+    continuous_usage: bool = False  # usage in every chunk
     user: str | None = None
+    n: int = 1
+    min_p: float = 0.0
+    stop_token_ids: list[int] = field(default_factory=list)
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    structured: pb.StructuredOutput | None = None
+    tools: list[pb.Tool] = field(default_factory=list)
+    tool_choice: pb.ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    echo: dict[str, Any] = field(default_factory=dict)  # Responses API: fields it echoes
 
     def to_start(
         self, request_id: str, *, timeout_ms: int = 0, detach_grace_ms: int = 0
@@ -67,9 +79,12 @@ class GenRequest:
             stop=self.stop,
             presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
-            n=1,
+            n=self.n,
             ignore_eos=self.ignore_eos,
             min_tokens=self.min_tokens,
+            min_p=self.min_p,
+            stop_token_ids=self.stop_token_ids,
+            logit_bias=self.logit_bias,
         )
         for name in (
             "max_tokens",
@@ -89,9 +104,17 @@ class GenRequest:
             sampling=sp,
             timeout_ms=timeout_ms,
             detach_grace_ms=detach_grace_ms,
+            structured_output=self.structured,
+            stream_usage=self.continuous_usage,
         )
         if self.messages is not None:
-            start.chat.messages.extend(pb.ChatMessage(role=r, content=c) for r, c in self.messages)
+            chat = start.chat
+            chat.messages.extend(self.messages)
+            chat.tools.extend(self.tools)
+            if self.tool_choice is not None:
+                chat.tool_choice.CopyFrom(self.tool_choice)
+            if self.parallel_tool_calls is not None:
+                chat.parallel_tool_calls = self.parallel_tool_calls
         else:
             start.prompt = self.prompt or ""
         return start
@@ -171,13 +194,13 @@ def _stop(body: dict[str, Any]) -> list[str]:
     return stops
 
 
-def _refuse_unsupported(body: dict[str, Any], names: tuple[str, ...]) -> None:
+def refuse_unsupported(body: dict[str, Any], names: tuple[str, ...]) -> None:
     for name in names:
         if body.get(name):
             raise invalid(name, f"'{name}' is not supported by this server")
 
 
-def _common(body: dict[str, Any], req: GenRequest) -> None:
+def common(body: dict[str, Any], req: GenRequest) -> None:
     """Fields shared by both endpoints."""
     req.model = _str(body, "model", MAX_MODEL_NAME) or ""
     req.temperature = _num(body, "temperature", 0.0, 2.0)
@@ -192,12 +215,14 @@ def _common(body: dict[str, Any], req: GenRequest) -> None:
     req.repetition_penalty = _num(body, "repetition_penalty", 0.0, 100.0, lo_open=True)
     req.min_tokens = _int(body, "min_tokens", 0, UINT32_MAX) or 0
     req.ignore_eos = bool(_bool(body, "ignore_eos"))
-    n = _int(body, "n", 1, 128)
-    if n is not None and n != 1:
-        raise invalid("n", "only n = 1 is supported")
+    req.n = _int(body, "n", 1, MAX_N) or 1
     best_of = _int(body, "best_of", 1, 128)
-    if best_of is not None and best_of != 1:
-        raise invalid("best_of", "only best_of = 1 is supported")
+    if best_of is not None and best_of != req.n:
+        raise invalid("best_of", "'best_of' is not supported (other than equal to 'n')")
+    req.min_p = _num(body, "min_p", 0.0, 1.0) or 0.0
+    req.stop_token_ids = constraints.token_ids(body)
+    req.logit_bias = constraints.logit_bias(body)
+    req.structured = constraints.structured(body)
     req.user = _str(body, "user", 256)
     req.stream = bool(_bool(body, "stream"))
     opts = body.get("stream_options")
@@ -208,10 +233,11 @@ def _common(body: dict[str, Any], req: GenRequest) -> None:
             )
         if not isinstance(opts, dict):
             raise invalid("stream_options", "'stream_options' must be an object")
-        include = opts.get("include_usage")
-        if include is not None and not isinstance(include, bool):
-            raise invalid("stream_options.include_usage", "'include_usage' must be a boolean")
-        req.include_usage = bool(include)
+        for name in ("include_usage", "continuous_usage_stats"):
+            if opts.get(name) is not None and not isinstance(opts[name], bool):
+                raise invalid(f"stream_options.{name}", f"'{name}' must be a boolean")
+        req.include_usage = bool(opts.get("include_usage"))
+        req.continuous_usage = bool(opts.get("continuous_usage_stats"))
 
 
 def _content(msg: dict[str, Any], i: int) -> str:
@@ -233,7 +259,7 @@ def _content(msg: dict[str, Any], i: int) -> str:
     return "\n".join(texts)
 
 
-def _messages(body: dict[str, Any]) -> list[tuple[str, str]]:
+def _messages(body: dict[str, Any]) -> list[pb.ChatMessage]:
     messages = body.get("messages")
     if messages is None:
         raise invalid("messages", "'messages' is required")
@@ -246,18 +272,29 @@ def _messages(body: dict[str, Any]) -> list[tuple[str, str]]:
         role = msg.get("role")
         if role not in ROLES:
             raise invalid(f"messages[{i}].role", f"role must be one of {sorted(ROLES)}")
-        out.append((role, _content(msg, i)))
+        m = pb.ChatMessage(role=role, content=_content(msg, i))
+        if role == "assistant":
+            m.tool_calls.extend(constraints.tool_calls(msg, i))
+        elif role == "tool":
+            call_id = msg.get("tool_call_id")
+            if not isinstance(call_id, str):
+                raise invalid(f"messages[{i}].tool_call_id", "a tool message needs 'tool_call_id'")
+            m.tool_call_id = call_id
+        name = msg.get("name")
+        if isinstance(name, str):
+            m.name = name[:64]
+        out.append(m)
     return out
 
 
 def parse_chat(body: dict[str, Any]) -> GenRequest:
     """A /v1/chat/completions body -> GenRequest, or a 400."""
-    _refuse_unsupported(body, _UNSUPPORTED_CHAT)
-    fmt = body.get("response_format")
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        raise invalid("response_format", "only response_format {'type': 'text'} is supported")
+    refuse_unsupported(body, _UNSUPPORTED_CHAT)
     req = GenRequest(kind="chat", messages=_messages(body))
-    _common(body, req)
+    common(body, req)
+    req.tools = constraints.tools(body)
+    req.tool_choice = constraints.tool_choice(body.get("tool_choice"), bool(req.tools))
+    req.parallel_tool_calls = _bool(body, "parallel_tool_calls")
     mct = _int(body, "max_completion_tokens", 1, UINT32_MAX)
     req.max_tokens = mct if mct is not None else _int(body, "max_tokens", 1, UINT32_MAX)
     logprobs = _bool(body, "logprobs")
@@ -287,21 +324,20 @@ def _prompt(body: dict[str, Any]) -> str:
 
 def parse_completion(body: dict[str, Any]) -> GenRequest:
     """A /v1/completions body -> GenRequest, or a 400."""
-    _refuse_unsupported(body, _UNSUPPORTED_COMPLETION)
+    refuse_unsupported(body, _UNSUPPORTED_COMPLETION)
     if _bool(body, "echo"):
         raise invalid("echo", "'echo' is not supported by this server")
     req = GenRequest(kind="completion", prompt=_prompt(body))
-    _common(body, req)
+    common(body, req)
     max_tokens = _int(body, "max_tokens", 1, UINT32_MAX)
     req.max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
     req.logprobs = _int(body, "logprobs", 0, MAX_TOP_LOGPROBS)
     return req
 
 
-def parse(kind: Kind, raw: bytes) -> GenRequest:
-    """Decode and validate a request body for one endpoint."""
-    body = decode_body(raw)
-    return parse_chat(body) if kind == "chat" else parse_completion(body)
+def int_field(body: dict[str, Any], name: str, lo: int, hi: int) -> int | None:
+    """An integer parameter in [lo, hi], or None when absent (400 otherwise)."""
+    return _int(body, name, lo, hi)
 
 
 __all__ = [
@@ -309,7 +345,6 @@ __all__ = [
     "GenRequest",
     "Kind",
     "decode_body",
-    "parse",
     "parse_chat",
     "parse_completion",
 ]
@@ -320,7 +355,7 @@ def check_prompt(req: GenRequest, max_chars: int) -> None:
     if max_chars <= 0:
         return
     if req.messages is not None:
-        size, param = sum(len(content) for _, content in req.messages), "messages"
+        size, param = sum(len(m.content) for m in req.messages), "messages"
     else:
         size, param = len(req.prompt or ""), "prompt"
     if size > max_chars:

@@ -34,7 +34,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from edge.errors import ApiError, error_response
 from edge.obs.record import record_of
 
-GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/streams"})
+GENERATION_PATHS = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/streams"}
+)
 CONCURRENCY_RETRY_S = 1.0  # no way to know when a stream ends: a plain hint
 
 

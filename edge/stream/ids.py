@@ -13,9 +13,10 @@ request body is not the one that started the generation with 400.
     stream token = b64url(form | mac[9] | worker[6] | owner[3] | body[3] | request id)
 
 The request id is stored as raw bytes when it is lowercase hex (the edge's own ids), so a
-token is 51 characters. `part` marks the events after the last token (1 finish, 2 usage,
-3 [DONE]): resuming at one of them replays the final message and sends only
-the later parts.
+token is 51 characters. `part` numbers the events one upstream message made, all but its
+last (which points at the next message); the final message's events are numbered 1, 2,
+... and the stream's very last one is `PART_DONE`: resuming at an event with a part
+replays its message and sends only the later events.
 
 A stream capability (`/v1/streams/<token>`, for EventSource, which cannot send an
 Authorization header) is the same token plus an expiry, signed for that purpose.
@@ -38,7 +39,9 @@ _HEAD = MAC_BYTES + WORKER_BYTES + 2 * TAG_BYTES
 _FORM_TEXT, _FORM_HEX = 0, 1
 _HEX = re.compile(r"(?:[0-9a-f]{2})+")
 _POSITION = re.compile(r"[0-9]{1,18}")
-PART_FINISH, PART_USAGE, PART_DONE = 1, 2, 3
+_PART = re.compile(r"[1-9][0-9]{0,2}")  # 1..999
+# A stream's very last event (`[DONE]`, `response.completed`): resuming after it is 204.
+PART_DONE = 999
 
 
 def _b64(raw: bytes) -> str:
@@ -160,7 +163,7 @@ class ResumeCodec:
         part = 0
         if "~" in cursor:
             cursor, _, part_s = cursor.partition("~")
-            if part_s not in ("1", "2", "3"):
+            if not _PART.fullmatch(part_s):
                 raise bad_event_id("malformed position")
             part = int(part_s)
         if not (_POSITION.fullmatch(seq) and _POSITION.fullmatch(cursor)):

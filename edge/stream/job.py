@@ -15,22 +15,32 @@ from edge.stream.ids import ResumeCodec, ResumePoint
 from edge.upstream.calls import UpstreamCall
 from generated import sluice_pb2 as pb
 
-FINISH_REASONS = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}
+FINISH_REASONS = {
+    pb.FINISH_REASON_STOP: "stop",
+    pb.FINISH_REASON_LENGTH: "length",
+    pb.FINISH_REASON_TOOL_CALLS: "tool_calls",
+}
+Event = tuple[bytes | None, bytes]  # (SSE event name or None for a plain `data:`, data)
 
 
 class Format(Protocol):
-    """How one stream's events and whole response look (`edge.api.formats`)."""
+    """How one stream's events and whole response look (`edge.api.formats`,
+    `edge.api.responses`). `seq` is the edge's counter of the first event asked for:
+    formats that number their events (the Responses API) use it."""
 
-    include_usage: bool
+    # Resumes replay the generation from its start and skip what the client has (the
+    # format's events depend on all that came before), instead of from the event's message.
+    replay_from_start: bool
 
-    def opening(self) -> bytes | None: ...
+    def opening_events(self, seq: int) -> list[Event]: ...
     def delta(self, text: str, logprobs: list[dict[str, Any]] | None) -> bytes: ...
-    def finish(self, reason: str) -> bytes: ...
-    def usage(self, usage: pb.Usage) -> bytes: ...
+    def events(
+        self, chunk: pb.TokenChunk, logprobs: list[dict[str, Any]] | None, seq: int
+    ) -> list[Event]: ...
+    def ending(self, final: pb.Final, seq: int) -> list[Event]: ...
     def logprobs(self, chunk: pb.TokenChunk) -> list[dict[str, Any]]: ...
-    def response(
-        self, text: str, reason: str, usage: pb.Usage, logprobs: list[dict[str, Any]] | None
-    ) -> dict[str, Any]: ...
+    def collect(self, chunk: pb.TokenChunk, logprobs: list[dict[str, Any]] | None) -> None: ...
+    def whole(self, final: pb.Final, logprobs: bool) -> dict[str, Any]: ...
 
 
 @dataclass(slots=True)
@@ -54,6 +64,9 @@ class Job:
     name_worker: bool = False  # send `x-sluice-worker: <key>` (routed generations)
     owner: bytes = b""  # `ResumeCodec.tag`s bound into every event id: the principal...
     body: bytes = b""  # ... and the request that started the generation
+    # Token events through `Format.events` (n > 1, tools, usage per chunk, resumes, the
+    # Responses API) rather than the plain-text `Format.delta` fast path.
+    rich: bool = False
 
 
 def final_error(final: pb.Final) -> ApiError | None:

@@ -38,8 +38,8 @@ from starlette.types import Message, Receive, Scope, Send
 from edge.errors import ApiError, from_status, internal_error
 from edge.obs.record import RequestRecord, record_of
 from edge.stream import sse
-from edge.stream.ids import PART_DONE, PART_FINISH, PART_USAGE, Origin
-from edge.stream.job import FINISH_REASONS, Job, final_error
+from edge.stream.ids import PART_DONE, Origin
+from edge.stream.job import Event, Job, final_error
 from generated import sluice_pb2 as pb
 
 log = logging.getLogger("sluice.edge")
@@ -72,8 +72,12 @@ class GenerationResponse:
         self.job = job
         self.call = job.call
         self.fmt = job.fmt
-        self._seq = job.resume.seq + 1 if job.resume else 0
-        self._cursor = job.resume.cursor if job.resume else 0
+        resume = job.resume
+        self._replay = resume is not None and job.fmt.replay_from_start
+        # Replayed from the start: every event is made again, those the client has
+        # (seq <= the resume point's) are not sent. Else the count goes on from there.
+        self._seq = resume.seq + 1 if resume is not None and not self._replay else 0
+        self._skip_seq = resume.seq if resume is not None and self._replay else -1
         self._origin: tuple[str, str] = ("", "")  # (request id, worker key) of _prefix
         self._prefix = b""
         self._last_id = b""  # of the last event framed
@@ -157,18 +161,23 @@ class GenerationResponse:
 
     async def _token_event(self, send: Send, msg: pb.GenerateResponse, rx_ns: int) -> None:
         job, chunk = self.job, msg.chunk
-        self._cursor = msg.index + 1
         lps = self.fmt.logprobs(chunk) if job.logprobs else None
-        if not chunk.text and lps is None:
-            return
-        data = self.fmt.delta(chunk.text, lps)
-        if job.stamps:  # only with Job.stamps: the chunk's JSON gets one more field
-            data = data[:-1] + b',"sluice_worker_time_ns":%d}' % msg.worker_time_ns
+        if job.rich:
+            data = self._frame(self.fmt.events(chunk, lps, self._seq), msg.index)
+            if not data:
+                return
+        else:
+            if not chunk.text and lps is None:
+                return
+            event = self.fmt.delta(chunk.text, lps)
+            if job.stamps:  # only with Job.stamps: the chunk's JSON gets one more field
+                event = event[:-1] + b',"sluice_worker_time_ns":%d}' % msg.worker_time_ns
+            data = self._event(event, msg.index + 1)
         n = len(chunk.token_ids)
         metrics = job.metrics
         if n > 1:
             metrics.merged_chunks += n
-        await self._write(send, self._event(data, msg.index + 1))
+        await self._write(send, data)
         now = self._last_ns
         metrics.event_written(rx_ns, now, self._last_event_ns)
         if not self._last_event_ns and not job.resumed and self._record is not None:
@@ -176,45 +185,61 @@ class GenerationResponse:
         self._last_event_ns = now
 
     async def _ending(self, send: Send, final: pb.Final, index: int) -> None:
-        """The last events: finish [+ usage] + [DONE] (or, for a failed final, the error).
-
-        Their ids point at the final message itself with a part number, so a client cut
-        off among them resumes by replaying the final and gets only the parts it lacks.
-        """
-        self._cursor = index + 1
+        """The last events (finish [+ usage] + [DONE] for chat), or for a failed final
+        the error. Their ids point at the final message itself with a part number, the
+        very last one `PART_DONE`, so a client cut off among them resumes by replaying the
+        final and gets only the events it lacks."""
         error = final_error(final)
         if error is not None:
             raise error
         self._note_final(final)
-        done = self.job.resume.part if self.job.resume else 0
+        data = self._frame(self.fmt.ending(final, self._seq), index, final=True)
+        await self._write(send, data, more=False)
+
+    def _frame(
+        self, events: list[Event], index: int, *, final: bool = False, opening: bool = False
+    ) -> bytes:
+        """The events one upstream message made, framed: all but the last point at this
+        message with their part number (the last at the next message; a final's last is
+        `PART_DONE`; the opening's all at message 0). Those a resumed client has already
+        are skipped."""
+        resume = self.job.resume
+        skip_part = resume.part if resume is not None and resume.cursor == index else 0
         out = []
-        if done < PART_FINISH:
-            finish = self.fmt.finish(FINISH_REASONS[final.reason])
-            out.append(self._event(finish, index, part=PART_FINISH))
-        if self.fmt.include_usage and done < PART_USAGE:
-            out.append(self._event(self.fmt.usage(final.usage), index, part=PART_USAGE))
-        out.append(self._event(DONE, index, part=PART_DONE))
-        await self._write(send, b"".join(out), more=False)
+        last = len(events) - 1
+        for j, (name, data) in enumerate(events):
+            if opening:
+                cursor, part = 0, 0
+            elif final:
+                cursor, part = index, PART_DONE if j == last else j + 1
+            elif j == last:
+                cursor, part = index + 1, 0
+            else:
+                cursor, part = index, j + 1
+            if self._replay:
+                if self._seq <= self._skip_seq:
+                    self._seq += 1  # the client has it: counted, not sent
+                    continue
+            elif part and part <= skip_part:
+                continue
+            out.append(self._event(data, cursor, name, part))
+        return b"".join(out)
 
     async def _whole(self, send: Send) -> None:
-        call = self.call
-        texts: list[str] = []
-        logprobs: list[dict[str, Any]] | None = [] if self.job.logprobs else None
+        call, fmt = self.call, self.fmt
+        logprobs = self.job.logprobs
         await call.admitted()  # a refusal is raised by the read
         while True:
             msg = await call.read()
             if msg.WhichOneof("kind") == "chunk":
-                texts.append(msg.chunk.text)
-                if logprobs is not None:
-                    logprobs.extend(self.fmt.logprobs(msg.chunk))
+                fmt.collect(msg.chunk, fmt.logprobs(msg.chunk) if logprobs else None)
                 continue
             final = msg.final
             error = final_error(final)
             if error is not None:
                 raise error
             self._note_final(final)
-            reason = FINISH_REASONS[final.reason]
-            body = self.fmt.response("".join(texts), reason, final.usage, logprobs)
+            body = fmt.whole(final, logprobs)
             await self._send_json(send, 200, orjson.dumps(body))
             await call.settle(STATUS_SETTLE_S)
             return
@@ -297,9 +322,10 @@ class GenerationResponse:
             )
         finally:
             self._busy = False
-        opening = self.fmt.opening() if self.job.resume is None else None
-        if opening is not None:
-            await self._write(send, self._event(opening, 0), watcher=watcher)
+        if self.job.resume is None or self._replay:
+            data = self._frame(self.fmt.opening_events(self._seq), 0, opening=True)
+            if data:
+                await self._write(send, data, watcher=watcher)
 
     def _event(self, data: bytes, cursor: int, event: bytes | None = None, part: int = 0) -> bytes:
         call, job = self.call, self.job

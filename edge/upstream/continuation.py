@@ -17,7 +17,7 @@ from edge.errors import from_status, from_status_code_number
 from edge.upstream.outcomes import CANCELLED, OK
 from generated import sluice_pb2 as pb
 
-_SUCCESS = (pb.FINISH_REASON_STOP, pb.FINISH_REASON_LENGTH)
+_SUCCESS = (pb.FINISH_REASON_STOP, pb.FINISH_REASON_LENGTH, pb.FINISH_REASON_TOOL_CALLS)
 _CONTINUATION_ID = re.compile(r"(?s)(.+)-c[0-9]+-([0-9]+)")
 
 
@@ -42,18 +42,36 @@ def whole_usage(usage: pb.Usage, base_tokens: int) -> None:
         usage.prompt_tokens = max(0, usage.prompt_tokens - base_tokens)
 
 
-def may_continue(mode: str, sampling: pb.SamplingParams) -> bool:
-    """Whether a broken stream of a request with `sampling` may be continued elsewhere.
+def constrained(start: pb.StartGeneration) -> bool:
+    """Whether the generation carries state a continuation cannot take along: a grammar's
+    (structured output, a required or named tool choice), a tool-call parser's, or
+    several choices'. Such a stream ends with a retryable error event instead."""
+    if start.HasField("structured_output") or start.sampling.n > 1:
+        return True
+    chat = start.chat if start.WhichOneof("input") == "chat" else None
+    if chat is None or not chat.tools:
+        return False
+    return not (
+        chat.tool_choice.WhichOneof("choice") == "mode"
+        and chat.tool_choice.mode == pb.TOOL_MODE_NONE
+    )
+
+
+def may_continue(mode: str, start: pb.StartGeneration) -> bool:
+    """Whether a broken stream of `start` may be continued elsewhere.
 
     "sampled": only a sampled request without a seed (its text was one random draw; a
     continuation is as valid a draw). "always": greedy and seeded ones too (greedy goes on
     with the same text on the same model, up to tokenization at the cut; a seeded one loses
     its reproducibility). "never": no continuation.
     """
+    if constrained(start):
+        return False
     if mode == "always":
         return True
     if mode != "sampled":
         return False
+    sampling = start.sampling
     greedy = sampling.HasField("temperature") and sampling.temperature == 0
     return not greedy and not sampling.HasField("seed")
 

@@ -84,6 +84,7 @@ class FailoverCall:
         trace_id: str = "",
         key: str = "",
         model: str = "",
+        continuable: bool = True,
     ) -> None:
         self._registry = registry
         self._opts = registry.options
@@ -93,7 +94,7 @@ class FailoverCall:
         self._key = key
         self._model = model
         self._deadline = time.monotonic() + timeout_s if timeout_s else None
-        self._continuable = may_continue(self._opts.continue_on_failure, start.sampling)
+        self._continuable = continuable and may_continue(self._opts.continue_on_failure, start)
         self._attempt: _Attempt | None = None
         self._tried: set[str] = set()
         self._peeked: pb.GenerateResponse | None = None

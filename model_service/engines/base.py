@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import abc
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from model_service.config import EngineConfig
 from model_service.types import EngineOutput, EngineStats, GenerationRequest, ModelInfo
+
+if TYPE_CHECKING:
+    from model_service.tools import CallParser
 
 
 class Engine(abc.ABC):
@@ -58,6 +62,19 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def stats(self) -> EngineStats:
         """Current load, taken from the engine itself."""
+
+    def check(self, request: GenerationRequest) -> None:
+        """Refuse, with `errors.InvalidArgument` naming the field, what the engine cannot
+        honour (a constraint its grammar backend cannot compile, a sampling option it
+        lacks) before the generation is accepted. The default accepts everything."""
+        return None
+
+    def tool_parser(
+        self, request: GenerationRequest, ids: Callable[[int], str]
+    ) -> CallParser | None:
+        """A parser for tool calls in the model's own format (tool choice `auto`), or None
+        when the engine has none configured. `ids(i)` names call i."""
+        return None
 
     async def watch_ready(self, report: Callable[[bool], Awaitable[None]]) -> None:
         """Report readiness changes after `start()`, for as long as the engine runs.

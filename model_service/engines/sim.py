@@ -25,12 +25,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from model_service.engines.base import Engine
+from model_service.engines.sim_json import pieces, structured_text
 from model_service.types import (
     EngineOutput,
     EngineStats,
     FinishReason,
     GenerationRequest,
     ModelInfo,
+    ToolCall,
 )
 
 # A small vocabulary; token id = index. Text of a token is " " + word (one leading space).
@@ -137,9 +139,15 @@ class SimEngine(Engine):
     @staticmethod
     def _prompt_text(request: GenerationRequest) -> str:
         if request.messages is not None:
-            pairs = tuple((m.role, m.content) for m in request.messages)
-            return chat_template(pairs, request.add_generation_prompt)
+            pairs = [(m.role, _with_calls(m.content, m.tool_calls)) for m in request.messages]
+            if request.tools:  # the sim's template shows the tools first
+                pairs.insert(0, ("tools", " ".join(t.name for t in request.tools)))
+            return chat_template(tuple(pairs), request.add_generation_prompt)
         return request.prompt or ""
+
+    def check(self, request: GenerationRequest) -> None:
+        if request.structured is not None:  # refuses what the sim cannot write
+            structured_text(request.structured, VOCAB, lambda n: 0)
 
     def stats(self) -> EngineStats:
         return EngineStats(
@@ -239,6 +247,11 @@ class SimEngine(Engine):
             opts = self._opts
             rng = self._sampler(request, prompt_ids)
             answer_len = max(1, opts.answer_tokens + rng.below(9) - 4)
+            # A constrained generation writes its one structured answer, piece by piece.
+            script = None
+            if request.structured is not None:
+                script = pieces(structured_text(request.structured, VOCAB, rng.below))
+                answer_len = len(script)
             # Hold back text that could be the start of a stop string, as real engines do.
             holdback = max((len(s) for s in sp.stop), default=1) - 1
             text, emitted, n, prompt = "", 0, 0, len(prompt_ids)
@@ -252,13 +265,22 @@ class SimEngine(Engine):
                         return
                 elif n % 16 == 0:
                     await asyncio.sleep(0)  # zero delay: still let other streams run
-                if n > answer_len and not sp.ignore_eos and n > sp.min_tokens:
+                done = n > answer_len and (script is not None or not sp.ignore_eos)
+                if done and (script is not None or n > sp.min_tokens):
                     yield self._out(text[emitted:], [], prompt, n - 1, FinishReason.STOP, req)
                     return
-                tid = rng.below(len(VOCAB))
+                if script is not None:
+                    word = script[n - 1]
+                    tid = _word_id(word)
+                else:
+                    tid = rng.below(len(VOCAB))
+                    word = " " + VOCAB[tid]
+                if tid in sp.stop_token_ids:  # a stop token ends it, its text unsent
+                    yield self._out(text[emitted:], [tid], prompt, n, FinishReason.STOP, req)
+                    return
                 if emitted > holdback:  # keep only what a stop string could still span
                     text, emitted = text[emitted - holdback :], holdback
-                text += " " + VOCAB[tid]
+                text += word
                 hit = None
                 if sp.stop and n > sp.min_tokens:
                     hit = _find_stop(text, sp.stop, emitted)
@@ -296,6 +318,13 @@ class SimEngine(Engine):
             stop_sequence=stop,
             scheduled_at=req.scheduled_at,
         )
+
+
+def _with_calls(content: str, calls: tuple[ToolCall, ...]) -> str:
+    """A message's content with the tool calls it made, as the sim's template writes them."""
+    for call in calls:
+        content += f" <tool_call> {call.name} {call.arguments}"
+    return content
 
 
 def _find_stop(text: str, stops: tuple[str, ...], emitted: int) -> tuple[int, str] | None:

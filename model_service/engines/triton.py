@@ -19,9 +19,10 @@ Readiness: `start()` waits until Triton says the model is ready; `watch_ready` p
 so the worker turns NOT_SERVING while Triton is down and SERVING when it is back. Load:
 the generations in flight through this worker.
 
-What the interface cannot carry is refused by field name (InvalidArgument): any request
-or sampling field set away from its default that this module does not map (`n` > 1,
-`logprobs`, and whatever fields come later).
+What the interface cannot carry is refused by field name (InvalidArgument, in `check`,
+before the generation is accepted): tools, structured outputs, tool calls in the history,
+and any request or sampling field set away from its default that this module does not
+map (`n` > 1, `logprobs`, `logit_bias`, and whatever fields come later).
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ SAMPLING_KEYS = (
     "repetition_penalty",
     "ignore_eos",
     "min_tokens",
+    "min_p",
 )
 # Fields this engine honours; any other field away from its default is refused.
 REQUEST_FIELDS = frozenset(
@@ -77,14 +79,25 @@ REQUEST_FIELDS = frozenset(
         "timeout_s",
         "prompt_token_ids",
         "trace_headers",  # Triton has its own tracing; the worker's spans cover the call
+        "stream_usage",  # the worker's, not the engine's
+        "tool_choice",  # meaningless without tools (refused)
+        "tool_function",
+        "parallel_tool_calls",
     )
 )
-SAMPLING_FIELDS = frozenset((*SAMPLING_KEYS, "max_tokens", "stop", "n"))
+SAMPLING_FIELDS = frozenset((*SAMPLING_KEYS, "max_tokens", "stop", "stop_token_ids", "n"))
 OPTIONAL_FLAGS = ("return_finish_reason", "return_num_input_tokens", "return_num_output_tokens")
 
 
 def unsupported_field(request: GenerationRequest) -> str | None:
     """The first field of the request this engine cannot honour, as the contract names it."""
+    if request.tools:
+        return "tools"
+    if request.structured is not None:
+        return request.structured.field
+    for m in request.messages or ():
+        if m.tool_calls or m.tool_call_id:
+            return "chat.messages.tool_calls"
     for f in dataclasses.fields(request):
         if f.name not in REQUEST_FIELDS and getattr(request, f.name) != _default(f):
             return f.name
@@ -113,6 +126,8 @@ def sampling_json(sp: SamplingParams, default_max_tokens: int) -> str:
     params["max_tokens"] = sp.max_tokens or default_max_tokens
     if sp.stop:
         params["stop"] = list(sp.stop)
+    if sp.stop_token_ids:
+        params["stop_token_ids"] = list(sp.stop_token_ids)
     return json.dumps(params)
 
 
@@ -233,15 +248,18 @@ class TritonEngine(Engine):
                 "chat.messages", f"chat template refused the messages: {exc}"
             ) from exc
 
+    def check(self, request: GenerationRequest) -> None:
+        field = unsupported_field(request)
+        if field is not None:
+            raise InvalidArgument(field, f"{field} is not supported by the triton engine")
+
     def generate(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
         return self._generate(request)
 
     async def _generate(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
         if self._client is None:
             raise Unavailable("engine is not ready yet")
-        field = unsupported_field(request)
-        if field is not None:
-            raise InvalidArgument(field, f"{field} is not supported by the triton engine")
+        self.check(request)  # also for callers that skip the worker's own check
         ids = request.prompt_token_ids
         if ids is None:
             ids = await self.tokenize(request)

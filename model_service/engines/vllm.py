@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, cast
 
@@ -30,6 +31,7 @@ from model_service.engines.base import Engine
 from model_service.engines.vllm_stats import StatsCollector
 from model_service.errors import EngineDead, EngineError, InvalidArgument, Overloaded, Unavailable
 from model_service.types import (
+    ChatMessage,
     EngineOutput,
     EngineStats,
     FinishReason,
@@ -37,6 +39,7 @@ from model_service.types import (
     ModelInfo,
     SamplingParams,
     TokenLogprob,
+    Tool,
     TopLogprob,
 )
 
@@ -72,6 +75,10 @@ class VllmEngine(Engine):
     async def start(self) -> None:
         from model_service.engines.vllm_args import build_engine_args, describe
 
+        if self.config.vllm.tool_call_parser:  # a wrong name fails the start, not a request
+            from model_service.engines.vllm_tools import parser_class
+
+            parser_class(self.config.vllm.tool_call_parser)
         args = build_engine_args(self.config)
         log.info("starting vLLM: %s", describe(args))
         # Hold the AsyncLLM in no local here: something in vLLM keeps a frame from building the
@@ -138,13 +145,15 @@ class VllmEngine(Engine):
         tok = self._tokenizer
         if request.messages is None:
             return list(tok.encode(request.prompt or ""))
-        messages = [{"role": m.role, "content": m.content} for m in request.messages]
+        messages = [_template_message(m) for m in request.messages]
         # A final assistant message without a generation prompt is a prefix to continue
         # (failover continuations): leave that turn open instead of closing it.
         continue_final = not request.add_generation_prompt and messages[-1]["role"] == "assistant"
+        tools = [_template_tool(t) for t in request.tools] or None
         try:
             text = tok.apply_chat_template(
                 messages,
+                tools=tools,
                 tokenize=False,
                 add_generation_prompt=request.add_generation_prompt,
                 continue_final_message=continue_final,
@@ -172,7 +181,7 @@ class VllmEngine(Engine):
         sp = request.sampling
         outputs = self._llm.generate(
             tokens_input(ids),
-            self._sampling_params(sp),
+            self._sampling_params(request),
             request.request_id,
             trace_headers=request.trace_headers,  # vLLM's own spans join the caller's trace
         )
@@ -212,13 +221,55 @@ class VllmEngine(Engine):
         finally:
             await outputs.aclose()  # aborts the request in vLLM unless it finished
 
-    def _sampling_params(self, sp: SamplingParams) -> Any:
+    def check(self, request: GenerationRequest) -> None:
+        """vLLM's own checks of the parameters, constraint included, before acceptance."""
+        if self._llm is None or (request.structured is None and not request.sampling.logit_bias):
+            return
         from vllm.exceptions import VLLMClientError
-        from vllm.sampling_params import RequestOutputKind
+
+        params = self._sampling_params(request)
+        llm = self._llm
+        cfg = llm.vllm_config
+        try:
+            params.verify(
+                llm.model_config,
+                cfg.speculative_config,
+                cfg.structured_outputs_config,
+                self._tokenizer,
+            )
+        except (ValueError, VLLMClientError) as exc:
+            raise _invalid(exc, request) from exc
+
+    def tool_parser(self, request: GenerationRequest, ids: Callable[[int], str]) -> Any:
+        name = self.config.vllm.tool_call_parser
+        if not name or self._tokenizer is None:
+            return None
+        from model_service.engines.vllm_tools import VllmCallParser
+
+        return VllmCallParser(name, self._tokenizer, request, ids)
+
+    def _sampling_params(self, request: GenerationRequest) -> Any:
+        from vllm.exceptions import VLLMClientError
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
         from vllm.sampling_params import SamplingParams as VllmSamplingParams
 
+        sp = request.sampling
+        so = request.structured
         try:
+            structured = None
+            if so is not None:
+                kind = "json" if so.kind == "json_schema" else so.kind
+                value: Any = list(so.value) if so.kind == "choice" else so.value
+                if so.kind == "json_object":
+                    value = True
+                structured = StructuredOutputsParams(
+                    **{kind: value}, disable_any_whitespace=so.disable_any_whitespace
+                )
             return VllmSamplingParams(
+                structured_outputs=structured,
+                min_p=sp.min_p,
+                stop_token_ids=list(sp.stop_token_ids) or None,
+                logit_bias=dict(sp.logit_bias) or None,
                 n=sp.n,
                 temperature=sp.temperature,
                 top_p=sp.top_p,
@@ -235,7 +286,7 @@ class VllmEngine(Engine):
                 output_kind=RequestOutputKind.DELTA,
             )
         except (ValueError, VLLMClientError) as exc:
-            raise _invalid(exc, None) from exc
+            raise _invalid(exc, request) from exc
 
     async def abort(self, request_id: str) -> None:
         if self._llm is not None:
@@ -262,12 +313,50 @@ async def _start_llm(args: Any, collector: StatsCollector, config: EngineConfig)
         raise start_error(exc, config) from exc
 
 
+def _template_message(m: ChatMessage) -> dict[str, Any]:
+    """A history message as Hugging Face chat templates take it (arguments as objects)."""
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        out["tool_calls"] = [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.name, "arguments": _json_or_text(c.arguments)},
+            }
+            for c in m.tool_calls
+        ]
+    if m.tool_call_id:
+        out["tool_call_id"] = m.tool_call_id
+    if m.name:
+        out["name"] = m.name
+    return out
+
+
+def _template_tool(t: Tool) -> dict[str, Any]:
+    fn: dict[str, Any] = {"name": t.name, "description": t.description}
+    fn["parameters"] = t.parameters or {"type": "object", "properties": {}}
+    return {"type": "function", "function": fn}
+
+
+def _json_or_text(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+STRUCTURED_WORDS = ("structured", "grammar", "schema", "regex", "choice", "json", "xgrammar")
+
+
 def _invalid(exc: Exception, request: GenerationRequest | None) -> InvalidArgument:
     """InvalidArgument naming the field vLLM refused, with vLLM's own message."""
     message = str(exc.args[0]) if exc.args else str(exc)
     param = getattr(exc, "parameter", None) or message.split(" ", 1)[0]
     if param in SAMPLING_FIELDS:
         return InvalidArgument(f"sampling.{param}", message)
+    so = request.structured if request is not None else None
+    if so is not None and any(w in message.lower() for w in STRUCTURED_WORDS):
+        return InvalidArgument(so.field, message)
     if "prompt" in message and request is not None:
         return InvalidArgument(
             "chat.messages" if request.messages is not None else "prompt", message

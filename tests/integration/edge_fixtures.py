@@ -164,6 +164,21 @@ def chat_text(chunk_list: list[dict[str, Any]]) -> str:
     )
 
 
+def streamed_tool_calls(stream: Any) -> tuple[list[dict[str, Any]], str | None]:
+    """Tool calls reassembled from an SDK chat stream's deltas (choice 0), and its finish
+    reason: [{"id", "name", "arguments"}] by call index."""
+    calls: dict[int, dict[str, Any]] = {}
+    reason = None
+    for chunk in stream:
+        for choice in chunk.choices:
+            for d in choice.delta.tool_calls or ():
+                call = calls.setdefault(d.index, {"id": d.id, "name": "", "arguments": ""})
+                call["name"] += d.function.name or ""
+                call["arguments"] += d.function.arguments or ""
+            reason = choice.finish_reason or reason
+    return [calls[i] for i in sorted(calls)], reason
+
+
 def raw_request(
     base_addr: tuple[str, int], path: str, body: dict[str, Any], rcvbuf: int = 0
 ) -> socket.socket:

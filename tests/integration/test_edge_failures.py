@@ -44,7 +44,26 @@ CASES = [
     (body(temperature=3), "temperature"),
     (body(top_p=0), "top_p"),
     (body(max_tokens=0), "max_tokens"),
-    (body(n=3), "n"),
+    (body(n=17), "n"),
+    (
+        body(
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"schema": {"$ref": "#/nowhere"}},
+            }
+        ),
+        "response_format.json_schema",
+    ),
+    (
+        body(
+            response_format={"type": "json_schema", "json_schema": {"schema": {"type": "object"}}},
+            tools=[{"type": "function", "function": {"name": "f"}}],
+            tool_choice="required",
+        ),
+        "response_format",
+    ),
+    (body(tools=[{"type": "function", "function": {"name": "f"}}]), "tool_choice"),
+    (body(structured_outputs={"regex": "[a-z]+"}), "response_format.regex"),
     (body(stop=["a", ""]), "stop"),
     (body(presence_penalty=-9), "presence_penalty"),
     (body(top_logprobs=2), "top_logprobs"),

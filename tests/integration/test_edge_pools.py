@@ -467,8 +467,23 @@ def test_a_worker_killed_mid_stream_is_continued_elsewhere_gaplessly(fleet: Flee
     fleet.revive(killed[0])
 
 
-def test_a_seeded_stream_is_not_continued_and_ends_with_an_error_event(fleet: Fleet) -> None:
-    body = {**SHORT, "max_tokens": 200, "min_tokens": 200, "seed": 5, "stream": True}
+LONG_LIST = {"type": "array", "items": {"type": "string"}, "minItems": 80, "maxItems": 80}
+
+
+@pytest.mark.parametrize(
+    "constraint",
+    [
+        {"seed": 5, "min_tokens": 200},
+        {"response_format": {"type": "json_schema", "json_schema": {"schema": LONG_LIST}}},
+        {"n": 2, "min_tokens": 200},
+    ],
+    ids=["seeded", "json_schema", "n=2"],
+)
+def test_a_stream_that_may_not_be_continued_ends_with_a_retryable_error(
+    fleet: Fleet, constraint: dict[str, Any]
+) -> None:
+    # Sampled: without the seed or the constraint it would be continued (test above).
+    body = {**SHORT, "max_tokens": 200, "temperature": 0.8, "stream": True, **constraint}
     on_event, killed = killer(fleet, at=10)
     events = read_stream(fleet, body, on_event)
     assert len(killed) == 1
@@ -476,6 +491,8 @@ def test_a_seeded_stream_is_not_continued_and_ends_with_an_error_event(fleet: Fl
     err = orjson.loads(events[-1]["data"])["error"]
     assert err["code"] == "unavailable" and err["retryable"] is True
     assert all(e["data"] != "[DONE]" for e in events)
+    points = [CODEC.parse(e["id"]) for e in events[:-1]]
+    assert {p.worker for p in points} == {fleet.worker_info(killed[0])["id"]}  # no other
     fleet.revive(killed[0])
 
 

@@ -14,6 +14,7 @@ import openai
 import orjson
 import pytest
 
+from edge.stream.ids import PART_DONE
 from tests.integration.edge_fixtures import (
     CODEC,
     Stack,
@@ -92,7 +93,7 @@ def test_event_ids_are_gapless_unique_and_on_every_event(sim: Stack) -> None:
     assert [p.seq for p in decoded] == list(range(len(events)))
     cursors = [p.cursor for p in decoded]
     assert cursors == sorted(cursors) and cursors[-1] > 0
-    assert [p.part for p in decoded[-2:]] == [1, 3]  # finish, [DONE]
+    assert [p.part for p in decoded[-2:]] == [1, PART_DONE]  # finish, [DONE]
 
 
 def test_usage_chunk_when_asked_matches_worker(sim: Stack) -> None:

@@ -54,6 +54,41 @@ def test_describe_generation_service(worker):
     assert "max_tokens" in out.stdout and "temperature" in out.stdout
 
 
+def test_describe_shows_the_output_constraints_documented(worker):
+    """Structured outputs, tools and n > 1 are in the contract with their comments."""
+    out = grpcurl(worker.address, "describe", "sluice.v1.StructuredOutput")
+    assert out.returncode == 0, out.stderr
+    assert "// A JSON Schema (as JSON text) the output must validate against." in out.stdout
+    assert "string json_schema = 1;" in out.stdout and "string regex = 3;" in out.stdout
+    out = grpcurl(worker.address, "describe", "sluice.v1.ChatInput")
+    assert "repeated .sluice.v1.Tool tools = 3;" in out.stdout
+    assert ".sluice.v1.ToolChoice tool_choice = 4;" in out.stdout
+    assert "REQUIRED and a named function are enforced" in out.stdout
+    out = grpcurl(worker.address, "describe", "sluice.v1.TokenChunk")
+    assert "repeated .sluice.v1.ToolCallDelta tool_calls = 5;" in out.stdout
+    assert "uint32 choice = 4;" in out.stdout
+
+
+def _messages(stdout: str) -> list[dict]:
+    decoder, text, msgs = json.JSONDecoder(), stdout.strip(), []
+    while text:
+        obj, end = decoder.raw_decode(text)
+        msgs.append(obj)
+        text = text[end:].lstrip()
+    return msgs
+
+
+def test_generate_with_a_json_schema_over_grpcurl(worker):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    req = {"start": {"prompt": "hi", "structuredOutput": {"jsonSchema": json.dumps(schema)}}}
+    out = grpcurl(worker.address, "sluice.v1.Generation/Generate", data=json.dumps(req))
+    assert out.returncode == 0, out.stderr
+    msgs = _messages(out.stdout)
+    text = "".join(m["chunk"].get("text", "") for m in msgs[:-1])
+    assert isinstance(json.loads(text)["ok"], bool)
+    assert msgs[-1]["final"]["reason"] == "FINISH_REASON_STOP"
+
+
 def test_health_check(worker):
     out = grpcurl(
         worker.address, "grpc.health.v1.Health/Check", data='{"service": "sluice.v1.Generation"}'
@@ -72,16 +107,13 @@ def test_generate_with_json_input(worker):
     }
     out = grpcurl(worker.address, "sluice.v1.Generation/Generate", data=json.dumps(req))
     assert out.returncode == 0, out.stderr
-    decoder, text, msgs = json.JSONDecoder(), out.stdout.strip(), []
-    while text:
-        obj, end = decoder.raw_decode(text)
-        msgs.append(obj)
-        text = text[end:].lstrip()
-    assert all(m["request_id"] == "curl-1" for m in msgs)
+    msgs = _messages(out.stdout)
+    # proto3's JSON names (lowerCamelCase), as for any server that serves full descriptors
+    assert all(m["requestId"] == "curl-1" for m in msgs)
     assert [int(m.get("index", 0)) for m in msgs] == list(range(len(msgs)))
     assert msgs[-1]["final"]["reason"] == "FINISH_REASON_LENGTH"
-    assert msgs[-1]["final"]["usage"]["completion_tokens"] == 7
-    assert sum(len(m["chunk"].get("token_ids", [])) for m in msgs[:-1]) == 7
+    assert msgs[-1]["final"]["usage"]["completionTokens"] == 7
+    assert sum(len(m["chunk"].get("tokenIds", [])) for m in msgs[:-1]) == 7
 
 
 def test_invalid_json_request_gets_invalid_argument(worker):

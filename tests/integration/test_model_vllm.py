@@ -1,60 +1,35 @@
 """The real engine: one vLLM worker process serving SmolLM2-135M-Instruct, over real gRPC.
 
-One worker for the whole module (engine start is the slow part: ~35 s on 2 CPU cores);
-the model directory is made on first use by scripts/make_model.py (PyPI GGUF -> safetensors).
+One worker for the whole session (`vllm_worker` in conftest.py: engine start is the slow
+part, ~35 s on 2 CPU cores), shared with test_model_openai.py; the model directory is made
+on first use by scripts/make_model.py (PyPI GGUF -> safetensors).
 Run alone with `pytest -m model`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 import pytest
 
 from generated import sluice_pb2 as pb
 from generated import sluice_pb2_grpc as pb_grpc
-from tests.procs import ROOT, Proc, start_worker
+from tests.integration.conftest import MAX_MODEL_LEN, MAX_NUM_SEQS
+from tests.procs import Proc
 
 pytestmark = pytest.mark.model
 
 SP = pb.SamplingParams
-MAX_MODEL_LEN = 1024
-MAX_NUM_SEQS = 32
+
 FRANCE = [("user", "What is the capital of France?")]
 
 
-def _make_model() -> Path:
-    spec = importlib.util.spec_from_file_location("make_model", ROOT / "scripts" / "make_model.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.make_model()
-
-
 @pytest.fixture(scope="module")
-def worker():
-    model_dir = _make_model()
-    w = start_worker(
-        "--engine",
-        "vllm",
-        "--model",
-        str(model_dir),
-        "--max-model-len",
-        str(MAX_MODEL_LEN),
-        "--max-num-seqs",
-        str(MAX_NUM_SEQS),
-        "--kv-cache-space-gb",
-        "0.5",
-        "--enforce-eager",
-        startup_timeout=240,
-    )
-    yield w
-    w.terminate()
+def worker(vllm_worker: Proc) -> Proc:
+    return vllm_worker
 
 
 @dataclass

@@ -157,12 +157,25 @@ def test_max_tokens_ends_with_length(stack: Stack) -> None:
     assert got == expected_stream([" Sluice", " streams", " tokens"], "length", prompt_words(stack))
 
 
-def test_a_field_triton_cannot_honour_is_refused_by_name(stack: Stack) -> None:
-    body = {"model": "smol-triton", "messages": MESSAGES, "logprobs": True, "top_logprobs": 2}
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"logprobs": True, "top_logprobs": 2}, "logprobs"),
+        ({"tools": [TOOL], "tool_choice": "required"}, "tools"),
+        ({"response_format": {"type": "json_object"}}, "structured_output"),
+    ],
+)
+def test_a_field_triton_cannot_honour_is_refused_by_name(
+    stack: Stack, extra: dict[str, Any], field: str
+) -> None:
+    body = {"model": "smol-triton", "messages": MESSAGES, **extra}
     resp = httpx.post(f"{stack.base}/v1/chat/completions", json=body, timeout=30)
     assert resp.status_code == 400, resp.text
     error = resp.json()["error"]
-    assert "logprobs" in (error.get("param") or "") + error["message"], error
+    assert field in (error.get("param") or "") + error["message"], error
     assert "triton" in error["message"]
 
 

@@ -10,6 +10,7 @@ from edge.obs.histogram import Histogram
 from edge.obs.metrics import Metrics
 from edge.obs.record import RouteLabels
 from edge.security.limits import TokenBucket
+from generated import sluice_pb2 as pb
 
 
 def test_token_bucket_allows_a_burst_then_the_rate():
@@ -22,7 +23,13 @@ def test_token_bucket_allows_a_burst_then_the_rate():
 
 
 def test_prompt_limit_names_the_parameter():
-    chat = GenRequest(kind="chat", messages=[("system", "a" * 6), ("user", "b" * 5)])
+    chat = GenRequest(
+        kind="chat",
+        messages=[
+            pb.ChatMessage(role="system", content="a" * 6),
+            pb.ChatMessage(role="user", content="b" * 5),
+        ],
+    )
     check_prompt(chat, 11)
     check_prompt(chat, 0)  # off
     with pytest.raises(ApiError) as err:

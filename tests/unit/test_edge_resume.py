@@ -60,7 +60,8 @@ def _flip(token: str, at: int) -> str:
         lambda t: event_id(b"3.4", origin("abd")).split(".")[0][:20] + t[20:],  # spliced
         lambda t: t + ".5",
         lambda t: t.rsplit(".", 1)[0] + ".x",
-        lambda t: t + "~9",
+        lambda t: t + "~0",
+        lambda t: t + "~1000",
         lambda _: "",
         lambda _: "garbage",
         # Regressions: each of these was a 500 (TypeError / ValueError) instead of a 400.

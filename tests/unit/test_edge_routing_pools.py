@@ -264,14 +264,33 @@ def test_admin_authorization() -> None:
 
 
 def test_continuation_policy() -> None:
-    sampled = pb.SamplingParams(temperature=0.7)
-    greedy = pb.SamplingParams(temperature=0)
-    seeded = pb.SamplingParams(temperature=0.7, seed=3)
-    default = pb.SamplingParams()  # temperature unset = 1.0
+    def start(**sampling: object) -> pb.StartGeneration:
+        return pb.StartGeneration(prompt="p", sampling=pb.SamplingParams(**sampling))
+
+    sampled = start(temperature=0.7)
+    greedy = start(temperature=0)
+    seeded = start(temperature=0.7, seed=3)
+    default = start()  # temperature unset = 1.0
     assert may_continue("sampled", sampled) and may_continue("sampled", default)
     assert not may_continue("sampled", greedy) and not may_continue("sampled", seeded)
     assert may_continue("always", greedy) and may_continue("always", seeded)
     assert not may_continue("never", sampled)
+
+
+def test_constrained_generations_are_never_continued() -> None:
+    json_out = pb.StartGeneration(
+        prompt="p", structured_output=pb.StructuredOutput(json_object=True)
+    )
+    several = pb.StartGeneration(prompt="p", sampling=pb.SamplingParams(n=2))
+    tools = pb.StartGeneration()
+    tools.chat.messages.add(role="user", content="hi")
+    tools.chat.tools.add(name="f")
+    no_calls = pb.StartGeneration()
+    no_calls.CopyFrom(tools)
+    no_calls.chat.tool_choice.mode = pb.TOOL_MODE_NONE
+    for start in (json_out, several, tools):
+        assert not may_continue("always", start)
+    assert may_continue("always", no_calls)  # tools shown, plain text out
 
 
 def test_continuation_start_chat_and_prompt() -> None:

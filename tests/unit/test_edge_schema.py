@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from edge.api.schema import parse, parse_chat, parse_completion
+from edge.api.schema import decode_body, parse_chat, parse_completion
 from edge.errors import ApiError
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -56,7 +56,16 @@ CHAT_CASES = [
     (chat(stop=["a", 1]), "stop"),
     (chat(presence_penalty=2.5), "presence_penalty"),
     (chat(frequency_penalty=-3), "frequency_penalty"),
-    (chat(n=2), "n"),
+    (chat(n=17), "n"),
+    (chat(n=2, best_of=3), "best_of"),
+    (chat(min_p=2), "min_p"),
+    (chat(stop_token_ids=[1, -1]), "stop_token_ids"),
+    (chat(logit_bias={"x": 1}), "logit_bias"),
+    (chat(logit_bias={"5": 101}), "logit_bias.5"),
+    (
+        chat(stream=True, stream_options={"continuous_usage_stats": 1}),
+        "stream_options.continuous_usage_stats",
+    ),
     (chat(n=0), "n"),
     (chat(logprobs="yes"), "logprobs"),
     (chat(top_logprobs=3), "top_logprobs"),
@@ -66,8 +75,36 @@ CHAT_CASES = [
     (chat(stream=True, stream_options=[]), "stream_options"),
     (chat(stream=True, stream_options={"include_usage": "y"}), "stream_options.include_usage"),
     (chat(user=5), "user"),
-    (chat(tools=[{"type": "function"}]), "tools"),
-    (chat(response_format={"type": "json_object"}), "response_format"),
+    (chat(tools=[{"type": "function"}]), "tools[0].function.name"),
+    (chat(tools={"type": "function"}), "tools"),
+    (chat(tools=[{"type": "code_interpreter"}]), "tools[0].type"),
+    (
+        chat(tools=[{"type": "function", "function": {"name": "f", "parameters": "{"}}]),
+        "tools[0].function.parameters",
+    ),
+    (chat(tool_choice="required"), "tool_choice"),
+    (chat(tool_choice="sometimes"), "tool_choice"),
+    (chat(tool_choice={"type": "function"}), "tool_choice"),
+    (chat(messages=[{"role": "tool", "content": "x"}]), "messages[0].tool_call_id"),
+    (
+        chat(messages=[{"role": "assistant", "tool_calls": [{"function": {}}]}]),
+        "messages[0].tool_calls[0]",
+    ),
+    (chat(response_format={"type": "xml"}), "response_format.type"),
+    (chat(response_format={"type": "json_schema"}), "response_format.json_schema"),
+    (
+        chat(response_format={"type": "json_schema", "json_schema": {"name": "x"}}),
+        "response_format.json_schema.schema",
+    ),
+    (
+        chat(response_format={"type": "json_schema", "json_schema": {"schema": 3}}),
+        "response_format.json_schema.schema",
+    ),
+    (chat(structured_outputs={"choice": []}), "structured_outputs.choice"),
+    (chat(structured_outputs={"regex": "a", "choice": ["b"]}), "structured_outputs.choice"),
+    (chat(structured_outputs={"whatever": 1}), "structured_outputs.whatever"),
+    (chat(guided_regex="a", response_format={"type": "json_object"}), "response_format"),
+    (chat(functions=[{"name": "f"}]), "functions"),
     (chat(repetition_penalty=0), "repetition_penalty"),
 ]
 
@@ -109,7 +146,7 @@ def test_completion_refusals_name_the_param(body: dict[str, Any], param: str) ->
 @pytest.mark.parametrize("raw", [b"{", b"[1, 2]", b'"text"', b"", b"NaN"])
 def test_body_must_be_a_json_object(raw: bytes) -> None:
     with pytest.raises(ApiError) as info:
-        parse("chat", raw)
+        parse_chat(decode_body(raw))
     assert info.value.status == 400
     assert info.value.param is None
 

@@ -9,6 +9,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_generated_matches_protos(tmp_path: Path) -> None:
     protos = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "protos").glob("*.proto"))
+    (tmp_path / "generated").mkdir()
     subprocess.run(
         [
             sys.executable,
@@ -18,6 +19,9 @@ def test_generated_matches_protos(tmp_path: Path) -> None:
             f"--python_out={tmp_path}",
             f"--grpc_python_out={tmp_path}",
             f"--pyi_out={tmp_path}",
+            # The contract with its comments, for reflection (`grpcurl describe`).
+            "--include_source_info",
+            f"--descriptor_set_out={tmp_path}/generated/contract.binpb",
             *protos,
         ],
         cwd=ROOT,

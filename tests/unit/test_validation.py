@@ -35,7 +35,11 @@ def req(prompt="hi", messages=None, **sp):
         (req(presence_penalty=3), "sampling.presence_penalty"),
         (req(stop=("a",) * 17), "sampling.stop"),
         (req(stop=("ok", "")), "sampling.stop[1]"),
-        (req(n=2), "sampling.n"),
+        (req(n=17), "sampling.n"),
+        (req(n=0), "sampling.n"),
+        (req(min_p=1.5), "sampling.min_p"),
+        (req(stop_token_ids=tuple(range(65))), "sampling.stop_token_ids"),
+        (req(logit_bias=((5, 101.0),)), "sampling.logit_bias[5]"),
         (req(logprobs=21), "sampling.logprobs"),
     ],
 )

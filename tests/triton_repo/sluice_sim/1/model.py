@@ -45,6 +45,8 @@ SAMPLING_KEYS = frozenset(
         "repetition_penalty",
         "n",
         "logprobs",
+        "min_p",
+        "stop_token_ids",
     )
 )
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL

@@ -1,0 +1,156 @@
+"""Tool calling in the worker, engine-independent: what a tool choice makes the engine
+enforce, and how tool calls are found in the output as it streams.
+
+- `none`: the tools are shown to the model (chat template), the output stays text.
+- `required` / a named function: the engine samples under a JSON schema (the calls'
+  shape, as vLLM's server does), so it works on any model; the output is then parsed as
+  that JSON: an array of `{"name", "parameters"}` objects, or the named function's
+  arguments object itself.
+- `auto`: the model writes calls in its own format; a parser for that format comes from
+  the engine (vLLM's tool parsers, `--tool-call-parser`), or auto is refused.
+
+A `CallParser` takes the text of one choice as it comes and returns what is plain
+content and what is tool calls (`ToolCallDelta`: id and name first, then arguments).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from model_service.errors import InvalidArgument
+from model_service.types import GenerationRequest, StructuredOutput, Tool, ToolCallDelta
+
+Delta = tuple[str, list[ToolCallDelta]]  # (content, tool call deltas)
+_EMPTY_OBJECT: dict[str, Any] = {"type": "object", "properties": {}}
+
+
+class CallParser(Protocol):
+    """Finds tool calls in one choice's output as it streams."""
+
+    called: bool  # whether any call was found
+
+    def feed(self, text: str, token_ids: list[int]) -> Delta: ...
+
+    def end(self) -> Delta:
+        """What is left once the choice ended (a call completed by the last token)."""
+
+
+ParserFactory = Callable[[GenerationRequest, Callable[[int], str]], CallParser | None]
+
+
+def call_id(seed: str, index: int) -> str:
+    """A stable tool call id (`call_` + 24 hex digits) for call `index` of a generation."""
+    digest = hashlib.blake2b(f"{seed}/{index}".encode(), digest_size=12).hexdigest()
+    return f"call_{digest}"
+
+
+def _params(tool: Tool) -> dict[str, Any]:
+    return tool.parameters if tool.parameters else _EMPTY_OBJECT
+
+
+def forced_structure(req: GenerationRequest) -> StructuredOutput | None:
+    """The JSON schema a required or named tool choice samples under (None otherwise)."""
+    if req.tool_choice == "function":
+        tool = next(t for t in req.tools if t.name == req.tool_function)
+        return StructuredOutput("json_schema", json.dumps(_params(tool)))
+    if req.tool_choice != "required":
+        return None
+    one_of_each = [
+        {
+            "type": "object",
+            "properties": {"name": {"type": "string", "enum": [t.name]}, "parameters": _params(t)},
+            "required": ["name", "parameters"],
+        }
+        for t in req.tools
+    ]
+    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": one_of_each}}
+    if not req.parallel_tool_calls:
+        schema["maxItems"] = 1
+    return StructuredOutput("json_schema", json.dumps(schema))
+
+
+class NamedCall:
+    """The output is the named function's arguments: one call, streamed as it comes."""
+
+    def __init__(self, name: str, ids: Callable[[int], str]) -> None:
+        self.called = False
+        self._name = name
+        self._ids = ids
+
+    def feed(self, text: str, token_ids: list[int]) -> Delta:
+        if not text:
+            return "", []
+        if not self.called:
+            self.called = True
+            return "", [ToolCallDelta(0, self._ids(0), self._name, text)]
+        return "", [ToolCallDelta(0, arguments=text)]
+
+    def end(self) -> Delta:
+        if not self.called:  # an empty output still answers with the call
+            self.called = True
+            return "", [ToolCallDelta(0, self._ids(0), self._name, "{}")]
+        return "", []
+
+
+class RequiredCalls:
+    """The output is a JSON array of `{"name", "parameters"}`: each call goes out whole
+    as soon as its object is complete."""
+
+    def __init__(self, ids: Callable[[int], str]) -> None:
+        self.called = False
+        self._ids = ids
+        self._text = ""
+        self._pos = 0  # where the next element (or the array's end) starts
+        self._count = 0
+        self._decoder = json.JSONDecoder()
+
+    def feed(self, text: str, token_ids: list[int]) -> Delta:
+        self._text += text
+        calls: list[ToolCallDelta] = []
+        if "}" not in text:  # an element can only have ended with a brace
+            return "", calls
+        buf = self._text
+        while True:
+            pos = self._pos
+            while pos < len(buf) and buf[pos] in " \t\r\n,[":
+                pos += 1
+            self._pos = pos
+            if pos >= len(buf) or buf[pos] != "{":
+                return "", calls
+            try:
+                element, end = self._decoder.raw_decode(buf, pos)
+            except ValueError:
+                return "", calls  # not complete yet
+            self._pos = end
+            if isinstance(element, dict) and isinstance(element.get("name"), str):
+                args = json.dumps(element.get("parameters", {}), ensure_ascii=False)
+                name, k = element["name"], self._count
+                calls.append(ToolCallDelta(k, self._ids(k), name, args))
+                self._count += 1
+                self.called = True
+
+    def end(self) -> Delta:
+        return "", []
+
+
+def make_parser(
+    req: GenerationRequest, ids: Callable[[int], str], auto: ParserFactory | None
+) -> CallParser | None:
+    """The parser for a request's tool choice (None: its output is plain text)."""
+    if not req.tools or req.tool_choice == "none":
+        return None
+    if req.tool_choice == "function":
+        return NamedCall(req.tool_function, ids)
+    if req.tool_choice == "required":
+        return RequiredCalls(ids)
+    parser = auto(req, ids) if auto is not None else None
+    if parser is None:
+        raise InvalidArgument(
+            "chat.tool_choice",
+            "tool choice 'auto' needs a worker started with --tool-call-parser (the model's "
+            "call format); use 'required', a named function or 'none' instead",
+        )
+    return parser

@@ -1,0 +1,48 @@
+"""The one real vLLM worker of a test session (SmolLM2-135M-Instruct): starting vLLM is
+the slow part (~35 s on 2 CPU cores), so the model test modules share it. Requested only
+by tests marked `model`."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.procs import ROOT, Proc, start_worker
+
+MAX_MODEL_LEN = 1024
+MAX_NUM_SEQS = 32
+
+
+def _make_model() -> Path:
+    spec = importlib.util.spec_from_file_location("make_model", ROOT / "scripts" / "make_model.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.make_model()
+
+
+@pytest.fixture(scope="session")
+def vllm_worker() -> Iterator[Proc]:
+    model_dir = _make_model()
+    w = start_worker(
+        "--engine",
+        "vllm",
+        "--model",
+        str(model_dir),
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--max-num-seqs",
+        str(MAX_NUM_SEQS),
+        "--kv-cache-space-gb",
+        "0.5",
+        "--enforce-eager",
+        # Tool choice auto through vLLM's Hermes parser (`<tool_call>{...}</tool_call>`).
+        "--tool-call-parser",
+        "hermes",
+        startup_timeout=240,
+    )
+    yield w
+    w.terminate()

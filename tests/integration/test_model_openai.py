@@ -1,0 +1,267 @@
+"""The OpenAI surface against the real engine: the official `openai` SDK through a real
+edge to the session's vLLM worker (SmolLM2-135M-Instruct, `--tool-call-parser hermes`),
+and the same constraints over gRPC with `SluiceClient`.
+
+SmolLM2's chat template knows no tools, so what makes a tool call here is the grammar:
+`required` and a named function sample under the calls' JSON schema, and `auto` is shown
+with an output forced (by a regex) into the Hermes format that the parser must find.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+from pydantic import BaseModel
+
+from generated import sluice_pb2 as pb
+from model_service.client import SluiceClient
+from tests.integration.edge_fixtures import EDGE_ENV, streamed_tool_calls, wait_ready
+from tests.procs import Proc, start_edge
+
+pytestmark = pytest.mark.model
+
+FRANCE = [{"role": "user", "content": "What is the capital of France? Answer in JSON."}]
+WEATHER_Q = [{"role": "user", "content": "What is the weather in Paris?"}]
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "unit": {"enum": ["C", "F"]}},
+    "required": ["city", "unit"],
+}
+TOOLS: Any = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]
+HERMES_CALL = (
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}\n'
+    "</tool_call>"
+)
+
+
+class Capital(BaseModel):
+    city: str
+    country: str
+
+
+@pytest.fixture(scope="module")
+def edge(vllm_worker: Proc) -> Iterator[Proc]:
+    e = start_edge("--worker", vllm_worker.address, env=EDGE_ENV)
+    try:
+        wait_ready(f"http://{e.address}", timeout=30)
+        yield e
+    finally:
+        e.kill()
+
+
+@pytest.fixture(scope="module")
+def client(edge: Proc) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(
+        base_url=f"http://{edge.address}/v1", api_key="none", max_retries=0, timeout=120
+    ) as c:
+        yield c
+
+
+def _text(stream: Any) -> str:
+    return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+
+def test_parse_with_a_pydantic_model_and_a_raw_schema_streamed_and_not(
+    client: openai.OpenAI,
+) -> None:
+    kw: Any = {"model": "", "messages": FRANCE, "temperature": 0, "max_tokens": 80}
+    parsed = client.beta.chat.completions.parse(**kw, response_format=Capital)
+    answer = parsed.choices[0].message.parsed
+    assert isinstance(answer, Capital) and "paris" in answer.city.lower()
+    schema = Capital.model_json_schema()
+    fmt = {"type": "json_schema", "json_schema": {"name": "Capital", "schema": schema}}
+    whole = client.chat.completions.create(**kw, response_format=fmt)
+    text = whole.choices[0].message.content or ""
+    jsonschema.validate(json.loads(text), schema)
+    assert _text(client.chat.completions.create(**kw, response_format=fmt, stream=True)) == text
+
+
+def test_json_object_is_parseable_json(client: openai.OpenAI) -> None:
+    got = client.chat.completions.create(
+        model="", messages=FRANCE, response_format={"type": "json_object"}, temperature=0,
+        max_tokens=80,
+    )  # fmt: skip
+    assert got.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(got.choices[0].message.content or ""), dict)
+
+
+def test_a_schema_the_backend_cannot_compile_is_a_400_and_the_worker_serves_on(
+    client: openai.OpenAI,
+) -> None:
+    for bad in (
+        {"type": "string", "pattern": "(("},
+        {"type": "integer", "minimum": 5, "maximum": 1},
+    ):
+        fmt: Any = {"type": "json_schema", "json_schema": {"name": "x", "schema": bad}}
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model="", messages=FRANCE, response_format=fmt)
+        assert info.value.param == "response_format.json_schema"
+        assert "Grammar error" in info.value.message
+    ok = client.chat.completions.create(model="", messages=FRANCE, max_tokens=3)
+    assert ok.choices[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize(
+    "choice",
+    ["required", {"type": "function", "function": {"name": "get_weather"}}],
+    ids=["required", "named"],
+)
+def test_forced_tool_calls_validate_streamed_and_not_and_the_tool_result_is_accepted(
+    client: openai.OpenAI, choice: Any
+) -> None:
+    kw: Any = {
+        "model": "",
+        "messages": WEATHER_Q,
+        "tools": TOOLS,
+        "tool_choice": choice,
+        "temperature": 0,
+        "max_tokens": 120,
+    }
+    whole = client.chat.completions.create(**kw)
+    message = whole.choices[0].message
+    assert whole.choices[0].finish_reason == "tool_calls" and message.tool_calls
+    calls = [
+        {"name": c.function.name, "arguments": c.function.arguments}  # type: ignore[union-attr]
+        for c in message.tool_calls
+    ]
+    for call in calls:
+        assert call["name"] == "get_weather"
+        jsonschema.validate(json.loads(call["arguments"]), WEATHER)
+    streamed, reason = streamed_tool_calls(client.chat.completions.create(**kw, stream=True))
+    assert reason == "tool_calls"  # greedy: the same calls
+    assert [{"name": c["name"], "arguments": c["arguments"]} for c in streamed] == calls
+    history: Any = [
+        *WEATHER_Q,
+        message.model_dump(exclude_none=True),
+        *(
+            {"role": "tool", "tool_call_id": c.id, "content": '{"temp": 21}'}
+            for c in message.tool_calls
+        ),
+    ]
+    second = client.chat.completions.create(
+        model="", messages=history, tools=TOOLS, tool_choice="none", max_tokens=20
+    )
+    assert second.choices[0].message.content and not second.choices[0].message.tool_calls
+
+
+def test_auto_with_the_hermes_parser_finds_the_call_in_the_output(
+    client: openai.OpenAI,
+) -> None:
+    # The output is forced into a Hermes call; the parser must turn it into tool_calls.
+    kw: Any = {
+        "model": "",
+        "messages": WEATHER_Q,
+        "tools": TOOLS,
+        "temperature": 0,
+        "max_tokens": 60,
+        "extra_body": {"structured_outputs": {"regex": re.escape(HERMES_CALL)}},
+    }
+    whole = client.chat.completions.create(**kw)
+    message = whole.choices[0].message
+    assert whole.choices[0].finish_reason == "tool_calls"
+    assert message.content is None and message.tool_calls is not None
+    [call] = message.tool_calls
+    assert call.function.name == "get_weather"  # type: ignore[union-attr]
+    assert json.loads(call.function.arguments) == {"city": "Paris", "unit": "C"}  # type: ignore[union-attr]
+    streamed, reason = streamed_tool_calls(client.chat.completions.create(**kw, stream=True))
+    assert reason == "tool_calls" and len(streamed) == 1
+    assert json.loads(streamed[0]["arguments"]) == {"city": "Paris", "unit": "C"}
+
+
+def test_n3_with_a_seed_gives_three_reproducible_choices_streamed_and_not(
+    client: openai.OpenAI,
+) -> None:
+    kw: Any = {"model": "", "messages": FRANCE, "n": 3, "seed": 4, "max_tokens": 8}
+    first, again = (client.chat.completions.create(**kw) for _ in range(2))
+    texts = [c.message.content for c in first.choices]
+    assert len(texts) == 3 and texts == [c.message.content for c in again.choices]
+    assert first.usage is not None and first.usage.completion_tokens == 24
+    streamed = {0: "", 1: "", 2: ""}
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        for c in chunk.choices:
+            streamed[c.index] += c.delta.content or ""
+    assert [streamed[i] for i in range(3)] == texts
+
+
+def test_the_rest_of_the_sampling_surface_reaches_vllm(client: openai.OpenAI) -> None:
+    comma = 28  # SmolLM2's token for ","
+    biased = client.chat.completions.create(
+        model="", messages=FRANCE, temperature=0, max_tokens=4, logit_bias={str(comma): 100}
+    )
+    assert biased.choices[0].message.content == ",,,,"
+    stopped = client.chat.completions.create(
+        model="", messages=FRANCE, temperature=0, max_tokens=40,
+        response_format={"type": "json_object"},
+        extra_body={"stop_token_ids": [comma], "min_p": 0.1, "repetition_penalty": 1.1},
+    )  # fmt: skip
+    assert stopped.choices[0].finish_reason == "stop"
+    assert "," not in (stopped.choices[0].message.content or "")
+    stream = client.chat.completions.create(
+        model="", messages=FRANCE, max_tokens=5, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True},
+    )  # fmt: skip
+    counts = [c.usage.completion_tokens for c in stream if c.usage is not None]
+    assert counts == sorted(counts) and counts[-1] == 5
+
+
+def test_responses_stream_equals_the_whole_response_and_takes_constraints(
+    client: openai.OpenAI,
+) -> None:
+    kw: Any = {"model": "", "input": "Name a river in France.", "temperature": 0,
+               "max_output_tokens": 24}  # fmt: skip
+    whole = client.responses.create(**kw)
+    events = list(client.responses.create(**kw, stream=True))
+    assert events[0].type == "response.created"
+    assert events[-1].type in ("response.completed", "response.incomplete")
+    assert events[-1].response.output_text == whole.output_text  # type: ignore[union-attr]
+    assert whole.output_text
+    fmt: Any = {"format": {"type": "json_schema", "name": "Capital",
+                           "schema": Capital.model_json_schema()}}  # fmt: skip
+    structured = client.responses.create(
+        model="", input=FRANCE[0]["content"], text=fmt, temperature=0, max_output_tokens=80
+    )
+    Capital.model_validate_json(structured.output_text)
+    tools: Any = [{"type": "function", "name": "get_weather", "parameters": WEATHER}]
+    call = client.responses.create(
+        model="", input=WEATHER_Q[0]["content"], tools=tools, tool_choice="required",
+        temperature=0, max_output_tokens=120,
+    ).output[0]  # fmt: skip
+    assert call.type == "function_call" and call.name == "get_weather"
+    jsonschema.validate(json.loads(call.arguments), WEATHER)
+
+
+async def test_the_same_constraints_over_grpc(vllm_worker: Proc) -> None:
+    tool = pb.Tool(name="get_weather", parameters_json=json.dumps(WEATHER))
+    async with SluiceClient(vllm_worker.address) as c:
+        gen = c.generate(
+            messages=[("user", FRANCE[0]["content"])],
+            structured_output=pb.StructuredOutput(json_schema=json.dumps(WEATHER)),
+            temperature=0,
+            max_tokens=60,
+        )
+        jsonschema.validate(json.loads(await gen.text()), WEATHER)
+        gen = c.generate(
+            messages=[("user", "Yes or no?")],
+            structured_output=pb.StructuredOutput(choice=pb.ChoiceList(choices=["yes", "no"])),
+            max_tokens=5,
+        )
+        assert await gen.text() in ("yes", "no")
+        gen = c.generate(
+            messages=[("user", WEATHER_Q[0]["content"])],
+            tools=[tool],
+            tool_choice=pb.ToolChoice(mode=pb.TOOL_MODE_AUTO),
+            structured_output=pb.StructuredOutput(regex=re.escape(HERMES_CALL)),
+            temperature=0,
+            max_tokens=60,
+        )
+        deltas = [d async for chunk in gen for d in chunk.tool_calls]
+        assert gen.final is not None and gen.final.reason == pb.FINISH_REASON_TOOL_CALLS
+        assert deltas[0].name == "get_weather" and deltas[0].id.startswith("call_")
+        args = json.loads("".join(d.arguments for d in deltas))
+        assert args == {"city": "Paris", "unit": "C"}
