@@ -94,7 +94,7 @@ class ObsMiddleware:
             await self.app(scope, receive, send)
             return
         rec = scope[RECORD] = RequestRecord(route=self.route(scope["path"]))
-        span = tracing.start_request(scope)  # None unless tracing is on
+        span = tracing.start_request(scope, rec.route)  # None unless tracing is on
         requests = self.metrics.requests
         t0 = time.perf_counter()
 

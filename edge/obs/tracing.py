@@ -27,6 +27,8 @@ log = logging.getLogger("sluice.edge")
 
 T = TypeVar("T")
 TRACEPARENT = "traceparent"
+# Probes and scrapes come every few seconds and say nothing about a request's time.
+UNTRACED_ROUTES = frozenset(("/healthz", "/readyz", "/metrics"))
 
 _tracer: Any = None  # an opentelemetry Tracer while tracing is on
 _provider: Any = None
@@ -76,9 +78,9 @@ def enabled() -> bool:
 # -- the request span (ObsMiddleware) --------------------------------------------------
 
 
-def start_request(scope: MutableMapping[str, Any]) -> tuple[Any, Any] | None:
-    """A server span for the request, made current; None with tracing off."""
-    if _tracer is None:
+def start_request(scope: MutableMapping[str, Any], route: str) -> tuple[Any, Any] | None:
+    """A server span for the request, made current; None with tracing off (or a probe)."""
+    if _tracer is None or route in UNTRACED_ROUTES:
         return None
     from opentelemetry import context, trace
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator

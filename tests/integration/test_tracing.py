@@ -196,6 +196,7 @@ def test_one_trace_per_request_from_the_client_to_the_worker_phases(traced: Trac
 
 def test_a_request_without_traceparent_starts_its_own_trace(traced: Traced) -> None:
     before = {s.trace_id for s in traced.receiver.spans}
+    assert httpx.get(f"{traced.base}/readyz", timeout=10).status_code == 200  # not traced
     resp = httpx.post(
         f"{traced.base}/v1/chat/completions",
         json={"messages": MESSAGES, "max_tokens": 2},
