@@ -6,7 +6,8 @@ OTLP/gRPC endpoint in batches (the SDK's OTEL_BSP_* variables tune them). Spans:
 
 - `request` (server): one per HTTP request, child of the client's W3C `traceparent` when
   it sent one, else a new trace; `ObsMiddleware` makes it current for the request's task;
-- `route`: the worker pick (first pick and each retry's), with the worker and pool;
+- `route`: the worker pick (the session's placement and each retry's), with the worker and
+  pool;
 - `attempt` (client): each upstream `Generate` on a worker, numbered, with its outcome;
   retries and continuations are further attempts of the same request. The attempt's own
   `traceparent` goes to the worker in the call's gRPC metadata, so the worker's spans
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, TypeVar
 
 log = logging.getLogger("sluice.edge")
@@ -126,6 +127,19 @@ def route(pick: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         span.set_attribute("sluice.worker", getattr(worker, "address", ""))
         span.set_attribute("sluice.pool", getattr(worker, "pool", ""))
         return worker
+
+
+async def route_awaiting(placing: Awaitable[T]) -> T:
+    """`await placing` (a pick: a worker, or a tuple starting with one) inside a `route`
+    span naming the worker."""
+    if _tracer is None:
+        return await placing
+    with _tracer.start_as_current_span("route") as span:
+        result = await placing
+        worker = result[0] if isinstance(result, tuple) else result
+        span.set_attribute("sluice.worker", getattr(worker, "address", ""))
+        span.set_attribute("sluice.pool", getattr(worker, "pool", ""))
+        return result
 
 
 def start_attempt(worker: str, pool: str, number: int, continuation: int) -> Any:

@@ -159,7 +159,7 @@ def test_auto_with_the_hermes_parser_finds_the_call_in_the_output(
         "messages": WEATHER_Q,
         "tools": TOOLS,
         "temperature": 0,
-        "max_tokens": 60,
+        "max_tokens": 150,  # forced text tokenizes finely: ~60 tokens
         "extra_body": {"structured_outputs": {"regex": re.escape(HERMES_CALL)}},
     }
     whole = client.chat.completions.create(**kw)
@@ -258,7 +258,7 @@ async def test_the_same_constraints_over_grpc(vllm_worker: Proc) -> None:
             tool_choice=pb.ToolChoice(mode=pb.TOOL_MODE_AUTO),
             structured_output=pb.StructuredOutput(regex=re.escape(HERMES_CALL)),
             temperature=0,
-            max_tokens=60,
+            max_tokens=150,
         )
         deltas = [d async for chunk in gen for d in chunk.tool_calls]
         assert gen.final is not None and gen.final.reason == pb.FINISH_REASON_TOOL_CALLS
