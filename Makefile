@@ -42,7 +42,7 @@ test-fast: setup ## Run the suite without the real-model tests
 	$(PY) -m pytest -q -m "not model"
 
 deploy-check: setup ## Validate the Kubernetes manifests and run nginx against a real edge and worker
-	$(PY) -m pytest -q tests/integration/test_deploy_k8s.py tests/integration/test_nginx.py
+	$(PY) -m pytest -q tests/integration/test_deploy_k8s.py tests/integration/test_deploy_k8s_multigpu.py tests/integration/test_nginx.py
 
 bench: setup ## Benchmarks (BENCHMARKS.md), with the [bench] extra (vllm-router); e.g. make bench ARGS="--mode overhead --concurrency 64"
 	@[ -x .venv/bin/vllm-router ] || $(PY) -m pip install -e ".[bench]"

@@ -22,6 +22,7 @@ from edge.api.routes import PAGE_ROUTES, ROUTE_LABELS, Dispatch
 from edge.api.state import EdgeState
 from edge.config import EdgeConfig
 from edge.errors import ApiError
+from edge.obs import tracing
 from edge.obs.record import ObsMiddleware
 from edge.security import tls
 from edge.security.auth import AuthMiddleware, KeyStore, load_keys
@@ -54,6 +55,7 @@ def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
     (after uvicorn has drained the in-flight streams)."""
     state = state or EdgeState(config)
     factory = channels(config)
+    tracing.setup(config.server.otlp_endpoint)  # off unless an OTLP endpoint is set
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -73,6 +75,7 @@ def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
             yield
         finally:
             await registry.close()
+            tracing.shutdown()  # flushes the last spans
 
     admin_key = config.routing.admin_key
     rest = Starlette(

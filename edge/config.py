@@ -59,6 +59,8 @@ class ServerConfig:
     access_log: bool = option(False, "--access-log", "log every request", action="store_true")
     log_level: str = option("info", "--log-level", "log level")
     log_format: str = option("text", "--log-format", "text or json", choices=("text", "json"))
+    # Tracing (edge/obs/tracing.py): on with an endpoint here or in OTEL_EXPORTER_OTLP_*.
+    otlp_endpoint: str = option("", "--otlp-endpoint", "OTLP/gRPC endpoint for traces (on)")
 
 
 @dataclass(slots=True)

@@ -39,7 +39,29 @@ class VllmOptions:
     enforce_eager: bool | None = None
     # vLLM tool parser for tool choice `auto` (e.g. "hermes"); "" = auto is refused.
     tool_call_parser: str = ""
+    # vLLM's parallelism, passed through (engines/vllm_parallel.py): ranks per replica =
+    # tensor x pipeline; data parallel replicas; executor "mp" (one node), "ray" (nodes).
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    distributed_executor_backend: str | None = None  # None: vLLM picks
+    otlp_traces_endpoint: str = ""  # vLLM's own tracing: the worker's --otlp-endpoint
     extra_args: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class TritonOptions:
+    """An existing Triton Inference Server as the engine, over its gRPC API, speaking the
+    model interface of Triton's vLLM backend (engines/triton.py)."""
+
+    url: str = "127.0.0.1:8001"  # Triton's gRPC address
+    model: str = "vllm_model"  # the model's name in Triton's repository
+    # TLS to Triton: on with a CA (else the system roots with `tls`); mTLS with cert+key.
+    tls: bool = False
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    health_interval_s: float = 1.0  # how often Triton's readiness is polled
 
 
 @dataclass(slots=True)
@@ -55,6 +77,7 @@ class EngineConfig:
     default_max_tokens: int = 512
     sim: SimOptions = field(default_factory=SimOptions)
     vllm: VllmOptions = field(default_factory=VllmOptions)
+    triton: TritonOptions = field(default_factory=TritonOptions)
 
     @property
     def model_name(self) -> str:
@@ -150,15 +173,23 @@ class WorkerConfig:
     # Event loop, as uvicorn's --loop: uvloop when installed (cheaper per message), else
     # asyncio's own.
     loop: str = "auto"
+    # OpenTelemetry traces (model_service/tracing.py): "" = off (flag, else OTEL_* vars).
+    otlp_endpoint: str = ""
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="model_service", description="Sluice model worker (gRPC).")
     d = WorkerConfig()
     p.add_argument(
-        "--engine", default=d.engine.engine, help="engine: vllm (default) or sim (simulated)"
+        "--engine",
+        default=d.engine.engine,
+        help="engine: vllm (default), triton (an existing Triton server) or sim (simulated)",
     )
-    p.add_argument("--model", default=d.engine.model, help="model directory (vllm: required)")
+    p.add_argument(
+        "--model",
+        default=d.engine.model,
+        help="model directory (vllm: required; triton: its tokenizer and chat template)",
+    )
     p.add_argument("--served-model-name", default="", help="model name clients use")
     p.add_argument("--model-version", default="", help="version label for routing")
     p.add_argument("--host", default=d.server.host)
@@ -220,7 +251,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="vLLM tool parser for tool_choice auto, e.g. hermes (default: auto is refused; "
         "required and named tool choices work without one)",
     )
+    _parallel_args(p)
+    _triton_args(p, d.engine.triton)
     p.add_argument("--log-level", default=d.log_level)
+    p.add_argument(
+        "--otlp-endpoint",
+        default="",
+        help="OTLP/gRPC endpoint for traces (tracing on); also OTEL_EXPORTER_OTLP_ENDPOINT",
+    )
     p.add_argument(
         "--access-log",
         action=argparse.BooleanOptionalAction,
@@ -234,6 +272,49 @@ def build_parser() -> argparse.ArgumentParser:
         help="event loop: uvloop when installed (auto), or asyncio's",
     )
     return p
+
+
+def _parallel_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("vLLM parallelism (models bigger than one GPU)")
+    g.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per layer shard")
+    g.add_argument("--pipeline-parallel-size", type=int, default=1, help="layer stages")
+    g.add_argument("--data-parallel-size", type=int, default=1, help="engine replicas")
+    g.add_argument(
+        "--distributed-executor-backend",
+        choices=("mp", "ray", "uni", "external_launcher"),
+        default=None,
+        help="how vLLM starts its ranks: mp (one node) or ray (a Ray cluster, many nodes)",
+    )
+
+
+def _triton_args(p: argparse.ArgumentParser, d: TritonOptions) -> None:
+    g = p.add_argument_group("triton engine (--engine triton)")
+    g.add_argument("--triton-url", default=d.url, help="Triton's gRPC address, host:port")
+    g.add_argument("--triton-model", default=d.model, help="the model's name in Triton")
+    g.add_argument(
+        "--triton-tls", action="store_true", help="TLS to Triton (system roots unless a CA)"
+    )
+    g.add_argument("--triton-tls-ca", default="", help="PEM CA for Triton's certificate")
+    g.add_argument("--triton-tls-cert", default="", help="PEM client certificate (mTLS)")
+    g.add_argument("--triton-tls-key", default="", help="PEM key of --triton-tls-cert")
+    g.add_argument(
+        "--triton-health-interval",
+        type=float,
+        default=d.health_interval_s,
+        help="seconds between readiness checks of Triton's model",
+    )
+
+
+def _triton_options(args: argparse.Namespace) -> TritonOptions:
+    return TritonOptions(
+        url=args.triton_url,
+        model=args.triton_model,
+        tls=args.triton_tls or bool(args.triton_tls_ca or args.triton_tls_cert),
+        tls_ca=args.triton_tls_ca,
+        tls_cert=args.triton_tls_cert,
+        tls_key=args.triton_tls_key,
+        health_interval_s=args.triton_health_interval,
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> WorkerConfig:
@@ -262,7 +343,13 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
             dtype=args.dtype,
             enforce_eager=args.enforce_eager,
             tool_call_parser=args.tool_call_parser,
+            tensor_parallel_size=args.tensor_parallel_size,
+            pipeline_parallel_size=args.pipeline_parallel_size,
+            data_parallel_size=args.data_parallel_size,
+            distributed_executor_backend=args.distributed_executor_backend,
+            otlp_traces_endpoint=_otlp_endpoint(args.otlp_endpoint),
         ),
+        triton=_triton_options(args),
     )
     return WorkerConfig(
         engine=engine,
@@ -287,4 +374,11 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
         log_level=args.log_level,
         access_log=args.log_format == "json" if args.access_log is None else args.access_log,
         loop=args.loop,
+        otlp_endpoint=_otlp_endpoint(args.otlp_endpoint),
     )
+
+
+def _otlp_endpoint(flag: str) -> str:
+    from model_service.tracing import endpoint_from_env
+
+    return endpoint_from_env(flag)

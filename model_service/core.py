@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from generated import sluice_pb2 as pb
-from model_service import convert, tools
+from model_service import convert, tools, tracing
 from model_service.admission import Admission
 from model_service.config import WorkerConfig
 from model_service.engines.base import Engine
@@ -160,6 +160,8 @@ class WorkerCore:
             summary["code"], summary["prompt_tokens"], summary["completion_tokens"], timing
         )
         log.log(self._record_level, "generation ended: %s", summary["reason"], extra=summary)
+        if gen.request.trace_headers is not None:
+            tracing.record(gen.request.trace_headers, summary, gen.arrived)
         self.live.discard(gen)
         self.admission.release()
         self.store.ended(gen)

@@ -21,7 +21,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from model_service import reflection
+from model_service import reflection, tracing
 from model_service.config import ServerConfig, WorkerConfig
 from model_service.core import WorkerCore
 from model_service.engines import load_engine
@@ -41,6 +41,7 @@ class Worker:
 
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
+        tracing.setup(config.otlp_endpoint)
         self.engine = load_engine(config.engine)
         self.metrics = WorkerMetrics()
         self.core = WorkerCore(self.engine, config, self.metrics)
@@ -52,6 +53,7 @@ class Worker:
         self.metrics_port = 0
         self.health_server: grpc.aio.Server | None = None
         self._health_task: asyncio.Task[None] | None = None
+        self._ready_task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self.core.on_engine_dead = self._engine_dead
         add_to_server(GenerationServicer(self.core), self.server)
@@ -99,6 +101,14 @@ class Worker:
         await self._set_health(SERVING)
         info = self.engine.model_info
         log.info("engine %s ready: model %s, SERVING on port %d", info.engine, info.id, self.port)
+        self._ready_task = asyncio.create_task(self.engine.watch_ready(self._engine_ready))
+
+    async def _engine_ready(self, ready: bool) -> None:
+        """The engine's own readiness changed (Triton went away or came back)."""
+        if self.core.draining or (not ready and not self.core.ready):
+            return
+        self.core.ready = ready
+        await self._set_health(SERVING if ready else NOT_SERVING)
 
     def _engine_dead(self) -> None:
         self._health_task = asyncio.create_task(self._set_health(NOT_SERVING))
@@ -112,6 +122,8 @@ class Worker:
     async def shutdown(self) -> None:
         """The written order (module docstring)."""
         self.core.draining = True
+        if self._ready_task is not None:
+            self._ready_task.cancel()
         await self._set_health(NOT_SERVING)
         grace = self.config.server.drain_grace_s
         live = len(self.core.live)
@@ -126,6 +138,7 @@ class Worker:
         if self.health_server is not None:
             await self.health_server.stop(0)
         await self.engine.stop()
+        tracing.shutdown()
         log.info("stopped")
 
 

@@ -25,7 +25,7 @@ from collections import deque
 import grpc
 
 from generated import sluice_pb2 as pb
-from model_service import convert
+from model_service import convert, tracing
 from model_service.core import WorkerCore
 from model_service.errors import EngineError, FailedPrecondition, InvalidArgument, SluiceError
 from model_service.generation import CLIENT_CANCEL, Generation
@@ -67,6 +67,7 @@ class GenerateStream:
         self.core = core
         self.context = context
         self.trace_id = trace_id(context.invocation_metadata())
+        self.trace_headers = tracing.headers(context.invocation_metadata())
         self.started = 0
 
     async def run(self) -> None:
@@ -112,6 +113,7 @@ class GenerateStream:
             if full:
                 raise FailedPrecondition("too many live generations on this stream")
             gen = await self.core.prepare(start, self.context.time_remaining(), self.trace_id)
+            gen.request.trace_headers = self.trace_headers
         except Exception as exc:
             err: SluiceError
             if isinstance(exc, SluiceError):

@@ -113,6 +113,8 @@ class GenerationRequest:
     tool_function: str = ""  # with tool_choice "function"
     parallel_tool_calls: bool = True
     stream_usage: bool = False
+    # The caller's W3C trace context (traceparent, tracestate) while tracing is on.
+    trace_headers: dict[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,7 @@ from edge.api.schema import (
 )
 from edge.api.state import EdgeState
 from edge.errors import ApiError, from_status
+from edge.obs import tracing
 from edge.obs.logs import TRACE_RE
 from edge.obs.record import record_of
 from edge.stream.ids import PART_DONE, Origin, ResumePoint, bad_event_id, not_yours
@@ -154,8 +155,8 @@ async def _failover(
     registry = state.workers()
     # The session's pool (pinned) and worker; its cookie and pool headers go out with the
     # response, whatever it turns out to be.
-    worker, p.key = await affinity.place(
-        state.sessions(), state.cookies, request, p.req.model, p.req.user
+    worker, p.key = await tracing.route_awaiting(
+        affinity.place(state.sessions(), state.cookies, request, p.req.model, p.req.user)
     )
     start = p.start
     start.detach_grace_ms = int(detach_grace_s * 1000)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from edge.obs import tracing
 from edge.obs.logs import access_log, access_record
 from edge.obs.metrics import Metrics
 
@@ -97,6 +98,7 @@ class ObsMiddleware:
             await self.app(scope, receive, send)
             return
         rec = scope[RECORD] = RequestRecord(route=self.route(scope["path"]))
+        span = tracing.start_request(scope, rec.route)  # None unless tracing is on
         requests = self.metrics.requests
         t0 = time.perf_counter()
 
@@ -116,6 +118,8 @@ class ObsMiddleware:
             await self.app(scope, receive, observed_send)
         finally:
             rec.complete()
+            if span is not None:
+                tracing.end_request(span, rec.status, rec.route, rec.request_id)
             if self.access_log:
                 fields = access_record(scope, rec, time.perf_counter() - t0)
                 access_log.info("%s %s %d", scope["method"], rec.route, rec.status, extra=fields)

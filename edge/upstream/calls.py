@@ -54,7 +54,9 @@ class UpstreamCall(Protocol):
         ...
 
 
-def _metadata(trace_id: str) -> tuple[tuple[str, str], ...] | None:
+def _metadata(trace_id: str, traceparent: str = "") -> tuple[tuple[str, str], ...] | None:
+    if traceparent:  # tracing on: the attempt's span is the worker's parent
+        return ((TRACE_KEY, trace_id), ("traceparent", traceparent))
     return ((TRACE_KEY, trace_id),) if trace_id else None
 
 
@@ -72,10 +74,13 @@ class GenerateCall:
         start: pb.StartGeneration,
         timeout_s: float | None,
         trace_id: str = "",
+        traceparent: str = "",
     ) -> None:
         self.worker = worker
         self.request_id = start.request_id
-        self._call = worker.stub.Generate(timeout=timeout_s, metadata=_metadata(trace_id))
+        self._call = worker.stub.Generate(
+            timeout=timeout_s, metadata=_metadata(trace_id, traceparent)
+        )
         self._start: pb.GenerateRequest | None = pb.GenerateRequest(start=start)
         self.next_index = 0
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import grpc
 
 from edge.errors import ApiError, from_status
+from edge.obs import tracing
 from edge.upstream.calls import GenerateCall
 from edge.upstream.continuation import (
     continuation_start,
@@ -65,6 +66,7 @@ class _Attempt:
     first_token: float | None = None
     last_token: float = 0.0
     ended: bool = False
+    span: object = None  # its tracing span (None with tracing off)
 
 
 class FailoverCall:
@@ -220,8 +222,12 @@ class FailoverCall:
         if self._deadline is not None and now >= self._deadline:
             return None
         try:
-            return self._registry.pick(
-                self._model, self._key, exclude=self._tried, prefer_pool=self.worker.pool
+            return tracing.route(
+                self._registry.pick,
+                self._model,
+                self._key,
+                exclude=self._tried,
+                prefer_pool=self.worker.pool,
             )
         except ApiError:
             return None
@@ -231,8 +237,13 @@ class FailoverCall:
             raise from_status(grpc.StatusCode.CANCELLED, "the generation was cancelled")
         now = time.monotonic()
         timeout = None if self._deadline is None else max(0.001, self._deadline - now)
-        call = GenerateCall(worker, start, timeout, self._trace)
-        att = _Attempt(worker, call, now, self._tokens)
+        continuation = 0 if start is self._start else self.continuations + 1
+        span = tracing.start_attempt(
+            worker.address, worker.pool, len(self._tried) + 1, continuation
+        )
+        parent = tracing.traceparent(span) if span is not None else ""
+        call = GenerateCall(worker, start, timeout, self._trace, parent)
+        att = _Attempt(worker, call, now, self._tokens, span=span)
         worker.in_flight += 1
         self._tried.add(worker.address)
         self._attempt = att
@@ -256,6 +267,8 @@ class FailoverCall:
         if outcome in PASSIVE_FAILURES:
             att.worker.failed()
         self._registry.released(att.worker)
+        if att.span is not None:
+            tracing.end_attempt(att.span, outcome, att.tokens)
 
     def _forward(self, att: _Attempt, msg: pb.GenerateResponse) -> pb.GenerateResponse:
         """Count and pass on one message of the current attempt (its index untouched)."""

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 ENGINES: dict[str, str] = {
     "sim": "model_service.engines.sim:SimEngine",
     "vllm": "model_service.engines.vllm:VllmEngine",
+    "triton": "model_service.engines.triton:TritonEngine",
 }
 
 

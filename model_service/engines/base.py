@@ -7,7 +7,7 @@ implementation, and never see protobuf.
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from model_service.config import EngineConfig
@@ -74,4 +74,13 @@ class Engine(abc.ABC):
     ) -> CallParser | None:
         """A parser for tool calls in the model's own format (tool choice `auto`), or None
         when the engine has none configured. `ids(i)` names call i."""
+        return None
+
+    async def watch_ready(self, report: Callable[[bool], Awaitable[None]]) -> None:
+        """Report readiness changes after `start()`, for as long as the engine runs.
+
+        An engine served by another process (Triton) calls `report(False)` when that goes
+        away and `report(True)` when it is back; the worker's health follows. The default
+        engine stays ready from `start()` to `stop()` and returns at once.
+        """
         return None

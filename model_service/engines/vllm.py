@@ -180,7 +180,10 @@ class VllmEngine(Engine):
             ids = await self.tokenize(request)
         sp = request.sampling
         outputs = self._llm.generate(
-            tokens_input(ids), self._sampling_params(request), request.request_id
+            tokens_input(ids),
+            self._sampling_params(request),
+            request.request_id,
+            trace_headers=request.trace_headers,  # vLLM's own spans join the caller's trace
         )
         completion = 0
         try:

@@ -29,6 +29,10 @@ OPTION_HINTS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("max_num_seqs", "max-num-seqs"), "--max-num-seqs"),
     (("dtype",), "--dtype"),
     (("enforce_eager", "enforce-eager", "eager"), "--enforce-eager"),
+    (("tensor_parallel", "tensor parallel", "world_size", "world size"), "--tensor-parallel-size"),
+    (("pipeline_parallel", "pipeline parallel"), "--pipeline-parallel-size"),
+    (("data_parallel", "data parallel"), "--data-parallel-size"),
+    (("ray cluster", "ray.init", "no module named 'ray'"), "--distributed-executor-backend"),
 )
 
 
@@ -74,11 +78,17 @@ def build_engine_args(config: EngineConfig) -> Any:
         "disable_log_stats": True,
         "enable_log_requests": False,
     }
+    if opts.otlp_traces_endpoint:  # tracing on: vLLM exports its request spans there too
+        kwargs["otlp_traces_endpoint"] = opts.otlp_traces_endpoint
     if opts.kv_cache_space_gb is not None:
         # The modern, fractional, CPU-and-GPU form of VLLM_CPU_KVCACHE_SPACE (whole GiB only).
         kwargs["kv_cache_memory_bytes"] = int(opts.kv_cache_space_gb * GIB)
         if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
             log.warning("VLLM_CPU_KVCACHE_SPACE is set and overrides --kv-cache-space-gb on CPU")
+    from model_service.engines import vllm_parallel
+
+    vllm_parallel.check(opts, vllm_parallel.this_node())
+    kwargs.update(vllm_parallel.engine_kwargs(opts))
     kwargs.update(opts.extra_args)
     _cpu_memory_preflight(opts.gpu_memory_utilization, kwargs.get("kv_cache_memory_bytes"))
     try:
@@ -161,5 +171,9 @@ def describe(args: Any) -> str:
         "gpu_memory_utilization",
         "kv_cache_memory_bytes",
         "speculative_config",
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "data_parallel_size",
+        "distributed_executor_backend",
     )
     return ", ".join(f"{k}={getattr(args, k, None)!r}" for k in keys)

@@ -1,0 +1,182 @@
+"""OpenTelemetry tracing of the edge, off by default.
+
+On when `--otlp-endpoint` is given or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT /
+OTEL_EXPORTER_OTLP_ENDPOINT is set (and OTEL_SDK_DISABLED is not "true"); spans go to that
+OTLP/gRPC endpoint in batches (the SDK's OTEL_BSP_* variables tune them). Spans:
+
+- `request` (server): one per HTTP request, child of the client's W3C `traceparent` when
+  it sent one, else a new trace; `ObsMiddleware` makes it current for the request's task;
+- `route`: the worker pick (the session's placement and each retry's), with the worker and
+  pool;
+- `attempt` (client): each upstream `Generate` on a worker, numbered, with its outcome;
+  retries and continuations are further attempts of the same request. The attempt's own
+  `traceparent` goes to the worker in the call's gRPC metadata, so the worker's spans
+  are its children.
+
+With tracing off every hook is one check of a module global: nothing is imported, made
+or sent, and the token path has no hook at all.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any, TypeVar
+
+log = logging.getLogger("sluice.edge")
+
+T = TypeVar("T")
+TRACEPARENT = "traceparent"
+# Probes and scrapes come every few seconds and say nothing about a request's time.
+UNTRACED_ROUTES = frozenset(("/healthz", "/readyz", "/metrics"))
+
+_tracer: Any = None  # an opentelemetry Tracer while tracing is on
+_provider: Any = None
+
+
+def endpoint_from_env(flag: str) -> str:
+    """The traces endpoint: the flag, else the standard OTLP variables; "" = tracing off."""
+    if os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
+        return ""
+    return (
+        flag
+        or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
+        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+    )
+
+
+def setup(flag: str, service: str = "sluice-edge") -> bool:
+    """Turn tracing on when an endpoint is configured (see the module docstring)."""
+    global _tracer, _provider
+    endpoint = endpoint_from_env(flag)
+    if not endpoint:
+        return False
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    _provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    _provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+    _tracer = _provider.get_tracer("sluice.edge")
+    log.info("tracing on: OTLP to %s", endpoint)
+    return True
+
+
+def shutdown() -> None:
+    """Flush and stop the exporter (the edge's lifespan end)."""
+    global _tracer, _provider
+    if _provider is not None:
+        _provider.shutdown()
+    _tracer = _provider = None
+
+
+def enabled() -> bool:
+    return _tracer is not None
+
+
+# -- the request span (ObsMiddleware) --------------------------------------------------
+
+
+def start_request(scope: MutableMapping[str, Any], route: str) -> tuple[Any, Any] | None:
+    """A server span for the request, made current; None with tracing off (or a probe)."""
+    if _tracer is None or route in UNTRACED_ROUTES:
+        return None
+    from opentelemetry import context, trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    carrier: dict[str, str] = {}
+    for name, value in scope.get("headers", ()):
+        if name == b"traceparent" or name == b"tracestate":
+            carrier[name.decode()] = value.decode("latin-1")
+    parent = TraceContextTextMapPropagator().extract(carrier) if carrier else None
+    span = _tracer.start_span(
+        "request",
+        context=parent,
+        kind=trace.SpanKind.SERVER,
+        attributes={"http.request.method": scope.get("method", ""), "url.path": scope["path"]},
+    )
+    token = context.attach(trace.set_span_in_context(span))
+    return span, token
+
+
+def end_request(handle: tuple[Any, Any], status: int, route: str, request_id: str) -> None:
+    from opentelemetry import context, trace
+
+    span, token = handle
+    span.set_attribute("http.route", route)
+    span.set_attribute("http.response.status_code", status)
+    if request_id:
+        span.set_attribute("sluice.request_id", request_id)
+    if status >= 500:
+        span.set_status(trace.StatusCode.ERROR)
+    span.end()
+    context.detach(token)
+
+
+# -- routing and attempts (api.generate, upstream.failover) ----------------------------
+
+
+def route(pick: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`pick(*args, **kwargs)` inside a `route` span naming the worker it chose."""
+    if _tracer is None:
+        return pick(*args, **kwargs)
+    with _tracer.start_as_current_span("route") as span:
+        worker = pick(*args, **kwargs)
+        span.set_attribute("sluice.worker", getattr(worker, "address", ""))
+        span.set_attribute("sluice.pool", getattr(worker, "pool", ""))
+        return worker
+
+
+async def route_awaiting(placing: Awaitable[T]) -> T:
+    """`await placing` (a pick: a worker, or a tuple starting with one) inside a `route`
+    span naming the worker."""
+    if _tracer is None:
+        return await placing
+    with _tracer.start_as_current_span("route") as span:
+        result = await placing
+        worker = result[0] if isinstance(result, tuple) else result
+        span.set_attribute("sluice.worker", getattr(worker, "address", ""))
+        span.set_attribute("sluice.pool", getattr(worker, "pool", ""))
+        return result
+
+
+def start_attempt(worker: str, pool: str, number: int, continuation: int) -> Any:
+    """A client span for one upstream attempt; None with tracing off."""
+    if _tracer is None:
+        return None
+    from opentelemetry import trace
+
+    return _tracer.start_span(
+        "attempt",
+        kind=trace.SpanKind.CLIENT,
+        attributes={
+            "sluice.worker": worker,
+            "sluice.pool": pool,
+            "sluice.attempt": number,
+            "sluice.continuation": continuation,
+            "rpc.system": "grpc",
+            "rpc.method": "Generate",
+        },
+    )
+
+
+def traceparent(span: Any) -> str:
+    """The W3C traceparent naming `span`, for the worker's gRPC metadata."""
+    from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier, trace.set_span_in_context(span))
+    return carrier.get(TRACEPARENT, "")
+
+
+def end_attempt(span: Any, outcome: str, tokens: int) -> None:
+    from opentelemetry import trace
+
+    span.set_attribute("sluice.outcome", outcome)
+    span.set_attribute("sluice.tokens", tokens)
+    if outcome not in ("ok", "cancelled"):
+        span.set_status(trace.StatusCode.ERROR, outcome)
+    span.end()

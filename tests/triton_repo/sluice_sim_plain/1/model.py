@@ -1,0 +1,1 @@
+../../sluice_sim/1/model.py
