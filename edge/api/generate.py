@@ -33,6 +33,7 @@ from edge.stream.response import GenerationResponse
 from edge.upstream.calls import ResumeCall
 from edge.upstream.continuation import split_id
 from edge.upstream.failover import FailoverCall
+from edge.upstream.prefix import Prompt
 from edge.upstream.routing import session_key
 from generated import sluice_pb2 as pb
 
@@ -128,11 +129,14 @@ def _failover(
     state: EdgeState, p: Prepared, detach_grace_s: float, timeout: float, stamps: bool = False
 ) -> FailoverCall:
     registry = state.workers()
-    worker = registry.pick(p.req.model, p.key)
+    prompt = Prompt(p.req.messages, p.req.prompt)  # hashed only for a cache_aware pool
+    worker = registry.pick(p.req.model, p.key, prompt=prompt)
     start = p.start
     start.detach_grace_ms = int(detach_grace_s * 1000)
     start.stamp_times = stamps
-    return FailoverCall(registry, worker, start, timeout, p.trace_id, p.key, p.req.model)
+    return FailoverCall(
+        registry, worker, start, timeout, p.trace_id, p.key, p.req.model, prompt=prompt
+    )
 
 
 async def generate(state: EdgeState, request: Request, kind: Kind) -> Response | GenerationResponse:

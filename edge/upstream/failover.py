@@ -44,6 +44,7 @@ from edge.upstream.continuation import (
     whole_usage,
 )
 from edge.upstream.outcomes import CANCELLED
+from edge.upstream.prefix import Prompt
 from edge.upstream.registry import PoolRegistry
 from edge.upstream.worker import Worker
 from generated import sluice_pb2 as pb
@@ -82,6 +83,7 @@ class FailoverCall:
         trace_id: str = "",
         key: str = "",
         model: str = "",
+        prompt: Prompt | None = None,
     ) -> None:
         self._registry = registry
         self._opts = registry.options
@@ -90,6 +92,7 @@ class FailoverCall:
         self._trace = trace_id
         self._key = key
         self._model = model
+        self._prompt = prompt  # for a replacement's pick (cache_aware pools)
         self._deadline = time.monotonic() + timeout_s if timeout_s else None
         self._continuable = may_continue(self._opts.continue_on_failure, start.sampling)
         self._attempt: _Attempt | None = None
@@ -220,7 +223,11 @@ class FailoverCall:
             return None
         try:
             return self._registry.pick(
-                self._model, self._key, exclude=self._tried, prefer_pool=self.worker.pool
+                self._model,
+                self._key,
+                exclude=self._tried,
+                prefer_pool=self.worker.pool,
+                prompt=self._prompt,
             )
         except ApiError:
             return None

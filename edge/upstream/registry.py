@@ -1,8 +1,9 @@
 """The pools of workers behind this edge, their runtime changes, and the choice of a worker.
 
 `PoolRegistry` holds pools with weights, picks workers (session affinity, weights, load,
-failover exclusions: the math is in `edge.upstream.routing`), applies runtime changes
-for the admin API and keeps per-pool metrics. Background policies that watch it (the
+failover exclusions: the math is in `edge.upstream.routing`; the worker within a pool by
+the pool's policy, `edge.upstream.placement`), applies runtime changes for the admin API
+and keeps per-pool metrics. Background policies that watch it (the
 canary rollback, `edge.upstream.canary`) are started by the bootstrap, not by it.
 
 Changes apply to new requests at once (same event loop, no locks): a call already running
@@ -23,11 +24,13 @@ from typing import Any
 from edge.config import RoutingConfig
 from edge.errors import ApiError, no_worker
 from edge.obs.prom import Exposition, labels
-from edge.upstream import outcomes
+from edge.upstream import outcomes, placement
 from edge.upstream.channel import ChannelFactory
 from edge.upstream.outcomes import PoolMetrics
+from edge.upstream.placement import Placement
 from edge.upstream.pools import PoolSpec, RollbackSpec, build_pools
-from edge.upstream.routing import hrw, two_choices, weighted_hrw, weighted_random
+from edge.upstream.prefix import Prompt
+from edge.upstream.routing import weighted_hrw, weighted_random
 from edge.upstream.worker import UNKNOWN, Worker
 
 log = logging.getLogger("sluice.edge")
@@ -43,6 +46,7 @@ class Pool:
     rollback: RollbackSpec | None = None
     workers: dict[str, Worker] = field(default_factory=dict)  # by address
     rolled_back: dict[str, object] | None = None  # the last automatic rollback
+    placement: Placement = field(default_factory=Placement)  # worker choice, by its policy
 
 
 Group = tuple[Pool, list[Worker]]
@@ -112,19 +116,21 @@ class PoolRegistry:
         key: str = "",
         exclude: Collection[str] = (),
         prefer_pool: str = "",
+        prompt: Prompt | None = None,
     ) -> Worker:
         """A worker for a new generation (or a retry: `exclude` holds addresses tried).
 
         With a session key: the key's pool by weighted rendezvous, then its worker by
-        rendezvous. Without: a pool at random by weight, then two random choices by load.
-        `prefer_pool` (a failover) stays in that pool while it has candidates. Raises
-        ApiError: 404 when SERVING workers exist but none has `model`, else 503.
+        rendezvous. Without: a pool at random by weight, then a worker by the pool's
+        policy (`prompt` feeds `cache_aware`). `prefer_pool` (a failover) stays in that
+        pool while it has candidates. Raises ApiError: 404 when SERVING workers exist but
+        none has `model`, else 503.
         """
         now = time.monotonic()
         for level in _LEVELS:
             groups = self._groups(model, exclude, level, now)
             if groups:
-                return self._choose(groups, key, prefer_pool)
+                return self._choose(groups, key, prefer_pool, prompt)
         serving = [w for w in self.workers if w.serving and not w.removed]
         if model and serving and not any(_has_model(w, model) for w in serving):
             names = sorted({m.id for w in serving for m in w.models})
@@ -156,7 +162,9 @@ class PoolRegistry:
                 groups.append((pool, ws))
         return groups
 
-    def _choose(self, groups: list[Group], key: str, prefer_pool: str) -> Worker:
+    def _choose(
+        self, groups: list[Group], key: str, prefer_pool: str, prompt: Prompt | None = None
+    ) -> Worker:
         preferred = [g for g in groups if g[0].name == prefer_pool]
         if preferred:
             group = preferred[0]
@@ -164,9 +172,7 @@ class PoolRegistry:
             group = weighted_hrw(key, groups, lambda g: g[0].name, lambda g: g[0].weight)
         else:
             group = weighted_random(groups, lambda g: g[0].weight, self._rng)
-        if key:
-            return hrw(key, group[1], lambda w: w.address)
-        return two_choices(group[1], lambda w: w.load, self._rng)
+        return group[0].placement.choose(group[1], key, prompt)
 
     # -- calls report back ----------------------------------------------------------------
 
@@ -217,6 +223,7 @@ class PoolRegistry:
         for a in spec.workers:
             self._check_free(a)
         pool = Pool(spec.name, spec.version, spec.weight, spec.rollback)
+        pool.placement = Placement(spec.policy, self.options, self._rng)
         self.pools[spec.name] = pool
         self.pool_metrics(spec.name)
         for a in spec.workers:
@@ -265,6 +272,7 @@ class PoolRegistry:
                 code="no_worker",
             )
         del pool.workers[worker.address]
+        pool.placement.forget(worker)
         worker.removed = True
         self._retiring.add(worker)
         log.info(
@@ -304,6 +312,7 @@ class PoolRegistry:
                     "name": pool.name,
                     "version": pool.version,
                     "weight": pool.weight,
+                    "policy": pool.placement.policy,
                     "rollback": pool.rollback.to_dict() if pool.rollback else None,
                     "rolled_back": pool.rolled_back,
                     "window": {"seconds": window_s, **stats.to_dict()},
@@ -353,6 +362,7 @@ class PoolRegistry:
             "1 if the worker gets new requests (SERVING, in its pool, not marked failed).",
             [(lbl, int(w.routable(now))) for lbl, w in workers],
         )
+        placement.expose(out, [(p.name, p.placement) for p in pools], self.workers)
         return out.text()
 
 

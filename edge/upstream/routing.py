@@ -11,7 +11,10 @@ hashes use the pool name and the worker address, never anything local to one pro
   weight change moves only the keys that must move (to or from the changed pool).
 - Worker in a pool for a key: rendezvous (HRW) hashing: removing a worker moves only its
   own keys, adding one takes only the keys it now wins.
-- Without a key: a pool at random by weight, then the less loaded of two random workers.
+- Without a key: a pool at random by weight, then a worker by the pool's policy
+  (`POLICIES`): `session` the less loaded of two random workers (the default, as before
+  policies existed); `least_load` the least loaded; `random` any; `cache_aware` the best
+  `cache_aware` score: expected prefix-cache hit minus load, with a balance threshold.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import hashlib
 import math
 import random
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 SESSION_HEADER = "x-session-id"
@@ -87,3 +91,59 @@ def two_choices(nodes: Sequence[T], load: Callable[[T], float], rng: random.Rand
         return nodes[0]
     a, b = rng.sample(range(len(nodes)), 2)
     return nodes[b] if load(nodes[b]) < load(nodes[a]) else nodes[a]
+
+
+def least_loaded(loads: Sequence[float], rng: random.Random) -> int:
+    """The index of the least loaded node (ties: one of them at random)."""
+    low = min(loads)
+    ties = [i for i, x in enumerate(loads) if x == low]
+    return ties[0] if len(ties) == 1 else rng.choice(ties)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheAware:
+    """The `cache_aware` trade-off between an expected prefix-cache hit and load.
+
+    score = hit fraction - load_weight * load / (mean load + 1): a worker holding the
+    whole prompt beats an idle one unless it carries about `1 / load_weight` times the
+    mean load more. The balance threshold, as SGLang's `cache_aware`: when the winner's
+    load exceeds the least loaded worker's by more than `balance_abs` *and* by a factor
+    `balance_rel`, the least loaded takes the request instead (a hot prefix spreads to
+    another worker, which then holds it too).
+    """
+
+    load_weight: float = 0.5
+    balance_abs: float = 4.0
+    balance_rel: float = 1.5
+
+
+def cache_aware(
+    hits: Sequence[int], total: int, loads: Sequence[float], params: CacheAware, rng: random.Random
+) -> tuple[int, str]:
+    """The index of the node for a request of `total` blocks, of which node i holds the
+    first `hits[i]`, and why: "cache" (a hit decided), "load" (no hit anywhere, or the
+    load outweighed it) or "balance" (the threshold overruled the score)."""
+    mean = sum(loads) / len(loads)
+    scale = params.load_weight / (mean + 1.0)
+    best: list[int] = []
+    best_score = -math.inf
+    for i, (hit, load) in enumerate(zip(hits, loads, strict=True)):
+        score = (hit / total if total else 0.0) - scale * load
+        if score > best_score:
+            best, best_score = [i], score
+        elif score == best_score:
+            best.append(i)
+    pick = best[0] if len(best) == 1 else rng.choice(best)
+    low = min(loads)
+    if loads[pick] - low > params.balance_abs and loads[pick] > params.balance_rel * low:
+        return _least_loaded_best_hit(hits, loads, rng), "balance"
+    top_hit = max(hits)
+    return pick, "cache" if top_hit and hits[pick] == top_hit else "load"
+
+
+def _least_loaded_best_hit(hits: Sequence[int], loads: Sequence[float], rng: random.Random) -> int:
+    low = min(loads)
+    ties = [i for i, x in enumerate(loads) if x == low]
+    most = max(hits[i] for i in ties)
+    ties = [i for i in ties if hits[i] == most]
+    return ties[0] if len(ties) == 1 else rng.choice(ties)
