@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 from edge.config import RoutingConfig
 from edge.obs.prom import Exposition, labels
-from edge.upstream.prefix import CHARS_PER_TOKEN, PrefixIndex, Prompt
+from edge.upstream.prefix import CHARS_PER_TOKEN, INDEX_HEADROOM, PrefixIndex, Prompt
 from edge.upstream.routing import CacheAware, cache_aware, hrw, least_loaded, two_choices
 from edge.upstream.worker import Worker
 
@@ -77,11 +77,13 @@ class Placement:
         return worker
 
     def capacity(self, worker: Worker) -> int:
-        """Blocks the index holds for `worker`: its KV cache in characters, when known."""
+        """Blocks the index holds for `worker`: about its KV cache in characters, when known
+        (`prefix.INDEX_HEADROOM`)."""
         tokens = worker.kv_cache_tokens()
         if not tokens:
             return self.opts.prefix_index_blocks
-        return max(1, tokens * CHARS_PER_TOKEN // self.opts.prefix_block_chars)
+        chars = tokens * CHARS_PER_TOKEN * INDEX_HEADROOM
+        return max(1, chars // self.opts.prefix_block_chars)
 
     def forget(self, worker: Worker) -> None:
         """`worker` left the pool."""

@@ -12,7 +12,7 @@ the least recently used ones. The edge cannot see tokens, so it mirrors that in 
 - `PrefixIndex` (one per pool) holds, for each block hash, the set of workers that
   were sent it (a bit mask: one bit per worker), and for each worker its blocks in least
   recently used order, capped at that worker's capacity (its KV cache size, when the
-  worker reports it, converted at `CHARS_PER_TOKEN`). Sending a request to a worker
+  worker reports it, converted at `CHARS_PER_TOKEN`, times `INDEX_HEADROOM`). Sending a request to a worker
   adds or refreshes all its blocks there; past the cap the oldest go, as in the worker.
 - `match()` walks a request's blocks once and returns, per candidate worker, how many
   leading blocks it holds: O(blocks + workers), whatever the index's size.
@@ -31,6 +31,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 CHARS_PER_TOKEN = 4  # English text in BPE tokens: for sizing a worker's share of the index
+# The index holds up to this many times the estimate: forgetting too late costs a miss on a
+# worker that already evicted the prefix; forgetting too early moves a conversation off
+# the worker that still holds it (a miss there, and a second copy elsewhere).
+INDEX_HEADROOM = 2
 DEFAULT_BLOCK_CHARS = 256
 _SEP_ROLE, _SEP_MSG = "\x1f", "\x1e"
 

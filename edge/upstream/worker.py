@@ -223,6 +223,14 @@ class Worker:
         self.models = list(resp.models)
         return self.models
 
+    async def tokenize(self, request: pb.TokenizeRequest) -> list[int]:
+        """The worker's token ids for an input, chat template applied. Raises ApiError."""
+        try:
+            resp = await self.stub.Tokenize(request, timeout=LIST_MODELS_TIMEOUT_S)
+        except grpc.aio.AioRpcError as err:
+            raise from_rpc_error(err) from None
+        return list(resp.token_ids)
+
     async def _watch_load(self) -> None:
         """Follow the worker's load pushes while it serves (module docstring)."""
         interval_ms = max(1, round(self._load_interval * 1000))

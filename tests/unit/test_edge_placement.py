@@ -207,7 +207,7 @@ async def test_the_index_is_sized_by_the_workers_kv_cache() -> None:
     w = reg.workers[0]
     placement = reg.pools["p"].placement
     assert placement.capacity(w) == 16384
-    w.loaded(pb.WorkerLoad(kv_cache_tokens=160))  # 640 characters: 10 blocks
+    w.loaded(pb.WorkerLoad(kv_cache_tokens=80))  # 320 characters, twice: 10 blocks
     assert placement.capacity(w) == 10
     reg.pick(prompt=Prompt(prompt="x" * 64 * 30))
     assert placement.index.held(w.key) == 10
