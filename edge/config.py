@@ -125,16 +125,16 @@ class RoutingConfig:
         "session", "--routing-policy", "worker choice without a session key", choices=POLICIES
     )
     prefix_block_chars: int = option(
-        256, "--prefix-block-chars", "cache_aware: characters per prompt block in the index"
+        1024, "--prefix-block-chars", "cache_aware: characters per prompt block in the index"
     )
     prefix_index_blocks: int = option(
-        16384, "--prefix-index-blocks", "cache_aware: blocks held per worker of unknown KV size"
+        4096, "--prefix-index-blocks", "cache_aware: blocks held per worker of unknown KV size"
     )
     cache_load_weight: float = option(
         0.5, "--cache-load-weight", "cache_aware: weight of load against the expected hit"
     )
     cache_balance_abs: float = option(
-        4.0, "--cache-balance-abs", "cache_aware: least loaded wins past this many more..."
+        8.0, "--cache-balance-abs", "cache_aware: least loaded wins past this many more..."
     )
     cache_balance_rel: float = option(
         1.5, "--cache-balance-rel", "...and this factor more load than the least loaded"

@@ -4,16 +4,18 @@ A worker's prefix cache keeps the KV of prompts it prefilled, in token blocks, a
 the least recently used ones. The edge cannot see tokens, so it mirrors that in text:
 
 - A request's *blocks* (`Prompt.blocks`): its chat messages (role and content, in
-  order) or its raw prompt as one string, cut into `block_chars` pieces, each named by a
-  hash chained over every piece before it. Two requests share their first k blocks
-  exactly when their first k * block_chars characters are equal, so a conversation's
-  next turn (the same messages plus new ones) shares all full blocks of the last one.
-  The last, partial piece counts as a block too (identical short prompts match).
+  order) or its raw prompt, cut into pieces of about `block_chars` characters (messages
+  are gathered into a block until it is full, a long one is cut across blocks), each
+  named by a hash chained over every piece before it. Where a block ends depends only on
+  what precedes it, so a conversation's next turn (the same messages plus new ones)
+  shares every full block of the last one; a change anywhere changes every block after
+  it. The last, partial piece counts as a block too (identical short prompts match).
 - `PrefixIndex` (one per pool) holds, for each block hash, the set of workers that
   were sent it (a bit mask: one bit per worker), and for each worker its blocks in least
   recently used order, capped at that worker's capacity (its KV cache size, when the
-  worker reports it, converted at `CHARS_PER_TOKEN`, times `INDEX_HEADROOM`). Sending a request to a worker
-  adds or refreshes all its blocks there; past the cap the oldest go, as in the worker.
+  worker reports it, converted at `CHARS_PER_TOKEN`, times `INDEX_HEADROOM`). Sending a
+  request to a worker adds or refreshes all its blocks there; past the cap the oldest
+  go, as in the worker.
 - `match()` walks a request's blocks once and returns, per candidate worker, how many
   leading blocks it holds: O(blocks + workers), whatever the index's size.
 - A worker that restarted lost its cache: it comes back with a new `epoch`, and the
@@ -35,8 +37,9 @@ CHARS_PER_TOKEN = 4  # English text in BPE tokens: for sizing a worker's share o
 # worker that already evicted the prefix; forgetting too early moves a conversation off
 # the worker that still holds it (a miss there, and a second copy elsewhere).
 INDEX_HEADROOM = 2
-DEFAULT_BLOCK_CHARS = 256
-_SEP_ROLE, _SEP_MSG = "\x1f", "\x1e"
+# About 256 tokens: fine enough for where a prompt's reuse ends, coarse enough that a
+# 32,000-character conversation is 32 blocks to hash, look up and refresh.
+DEFAULT_BLOCK_CHARS = 1024
 
 
 class Prompt:
@@ -52,17 +55,14 @@ class Prompt:
         self._blocks: list[int] | None = None
         self._size = 0
 
-    def text(self) -> str:
-        if self.messages is not None:
-            return "".join(
-                f"{role}{_SEP_ROLE}{content}{_SEP_MSG}" for role, content in self.messages
-            )
-        return self.prompt or ""
-
     def blocks(self, block_chars: int = DEFAULT_BLOCK_CHARS) -> list[int]:
-        """The chained hash of each `block_chars` piece of the text (module docstring)."""
+        """The chained hash of each block of the input (module docstring)."""
         if self._blocks is None or self._size != block_chars:
-            self._blocks, self._size = block_hashes(self.text(), block_chars), block_chars
+            if self.messages is not None:
+                self._blocks = message_hashes(self.messages, block_chars)
+            else:
+                self._blocks = block_hashes(self.prompt or "", block_chars)
+            self._size = block_chars
         return self._blocks
 
 
@@ -77,6 +77,39 @@ def block_hashes(text: str, block_chars: int) -> list[int]:
     for start in range(0, len(text), block_chars):
         h = hash((h, text[start : start + block_chars]))
         out.append(h)
+    return out
+
+
+def message_hashes(messages: Sequence[tuple[str, str]], block_chars: int) -> list[int]:
+    """Chained hashes of chat messages gathered into blocks of about `block_chars`.
+
+    A block is a tuple of the previous block's hash and the roles and contents (or slices
+    of a long content) it holds: nothing is joined or copied for messages that fit, and
+    each content string's hash is computed once (Python caches it in the string).
+    """
+    out: list[int] = []
+    parts: list[object] = [0]
+    size = 0
+    for role, content in messages:
+        parts.append(role)
+        n = len(content)
+        if size + n < block_chars:
+            parts.append(content)
+            size += n + 1  # the role counts as one character
+            continue
+        start = 0
+        while size + n - start >= block_chars:
+            take = block_chars - size
+            parts.append(content[start : start + take])
+            start += take
+            h = hash(tuple(parts))
+            out.append(h)
+            parts, size = [h], 0
+        if start < n:
+            parts.append(content[start:])
+            size += n - start
+    if len(parts) > 1:
+        out.append(hash(tuple(parts)))
     return out
 
 
@@ -118,8 +151,11 @@ class PrefixIndex:
         """For each (worker key, epoch): how many of `blocks`, from the first, it holds."""
         bits = []
         live = 0
+        known = self._workers
         for key, epoch in workers:
-            holder = self._holder(key, epoch)
+            holder = known.get(key)
+            if holder is not None and holder.epoch != epoch:
+                holder = self._holder(key, epoch)  # restarted: forgotten (None)
             bit = holder.bit if holder is not None else 0
             bits.append(bit)
             live |= bit

@@ -313,6 +313,7 @@ class PoolRegistry:
                     "version": pool.version,
                     "weight": pool.weight,
                     "policy": pool.placement.policy,
+                    "decisions": dict(pool.placement.decisions),
                     "rollback": pool.rollback.to_dict() if pool.rollback else None,
                     "rolled_back": pool.rolled_back,
                     "window": {"seconds": window_s, **stats.to_dict()},

@@ -113,7 +113,7 @@ class CacheAware:
     """
 
     load_weight: float = 0.5
-    balance_abs: float = 4.0
+    balance_abs: float = 8.0
     balance_rel: float = 1.5
 
 

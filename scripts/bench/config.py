@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL_DIR = os.environ.get(
     "SLUICE_MODEL_DIR", str(Path.home() / ".cache/sluice/models/SmolLM2-135M-Instruct")
 )
-MODES = ("run", "overhead", "compare", "routing", "selftest")
+MODES = ("run", "overhead", "compare", "routing", "decision", "selftest")
 DEFAULT_URL = "http://127.0.0.1:8000"
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 DEFAULT_OUT = ROOT / "scripts" / "results"

@@ -14,8 +14,9 @@ uncached prompt tokens, one prefill at a time per worker), and in front of them 
 of two random workers. The workload is normally `--workload multiturn`.
 
 Per run, besides the usual summary: the client-side prefix-cache hit rate (cached / prompt
-tokens from `usage`), and each worker's share of the requests (`GetStats.finished_total`
-before and after the measured window) with the busiest worker's over the mean.
+tokens from `usage`), each worker's share of the requests (`GetStats.finished_total`
+before and after the measured window) with the busiest worker's over the mean, and for
+our `cache_aware` the edge's decisions by reason over the window (`/admin/pools`).
 `routing` in the result holds medians over rounds per target and the goals of issue 15
 (`cache_aware` vs `random` and vs `router`).
 """
@@ -36,12 +37,14 @@ from scripts.bench.config import BenchConfig
 from scripts.bench.fanout import run_in_process
 from scripts.bench.load import LoadResult
 from scripts.bench.modes import finish, make_factory
+from scripts.bench.openai_driver import get_json
 from scripts.bench.procwatch import ProcWatch
 from scripts.bench.progress import Progress
 from scripts.bench.stacks import Proc, start_edge, start_sim_worker, start_vllm_router
 from scripts.bench.stats import median, summarize
 
 TARGETS = ("cache_aware", "session", "session-key", "least_load", "random", "router")
+ADMIN_KEY = "routing-bench-admin-key"  # the edges' admin API: their decisions by reason
 HIT_OVER_RANDOM_GOAL = 1.5
 TTFT_OVER_RANDOM_GOAL = 0.7
 MAX_OVER_MEAN_GOAL = 1.5
@@ -85,7 +88,8 @@ def start_stack(cfg: BenchConfig, target: str) -> _Stack:
         else:
             policy = "session" if target == "session-key" else target
             edge_args = ["--routing-policy", policy, *r.edge_args]
-            procs.append(start_edge([w.address for w in workers], edge_args))
+            env = {"SLUICE_ADMIN_KEY": ADMIN_KEY}
+            procs.append(start_edge([w.address for w in workers], edge_args, env=env))
     except BaseException:
         for proc in reversed(procs):
             proc.stop()
@@ -118,6 +122,15 @@ async def _finished(addresses: list[str]) -> list[int]:
     return list(await asyncio.gather(*(one(a) for a in addresses)))
 
 
+async def _decisions(stack: _Stack) -> dict[str, int]:
+    """The edge's cache_aware decisions by reason so far ({} for the router's stack)."""
+    edge = stack.procs[-1]
+    if edge.name != "edge":
+        return {}
+    doc = await get_json("127.0.0.1", edge.port, "/admin/pools", api_key=ADMIN_KEY)
+    return dict(doc["pools"][0].get("decisions") or {})
+
+
 def measure(cfg: BenchConfig, stack: _Stack, target: str, label: str) -> tuple[LoadResult, dict]:
     """One run against one stack: the load, and each worker's requests in the window."""
     workload = dataclasses.replace(cfg.workload, session_user=target == "session-key")
@@ -125,9 +138,11 @@ def measure(cfg: BenchConfig, stack: _Stack, target: str, label: str) -> tuple[L
     addresses = [p.address for p in stack.workers]
     watcher = ProcWatch({p.name: p.pid for p in stack.procs} | dict(cfg.watch))
     before: list[int] = []
+    decided: dict[str, int] = {}
 
     async def measuring() -> None:
         before.extend(await _finished(addresses))
+        decided.update(await _decisions(stack))
         watcher.start()
 
     progress = Progress(label, cfg.output.progress, cfg.load.requests)
@@ -136,6 +151,7 @@ def measure(cfg: BenchConfig, stack: _Stack, target: str, label: str) -> tuple[L
     finally:
         processes = watcher.stop()
     after = asyncio.run(_finished(addresses))
+    decisions = asyncio.run(_decisions(stack))
     result.label = label
     result.processes = processes
     served = [a - b for a, b in zip(after, before, strict=True)]
@@ -143,6 +159,7 @@ def measure(cfg: BenchConfig, stack: _Stack, target: str, label: str) -> tuple[L
     share = {
         "requests_per_worker": served,
         "max_over_mean": round(max(served) / mean, 3) if mean else None,
+        "decisions": {k: n - decided.get(k, 0) for k, n in sorted(decisions.items())},
     }
     return result, share
 

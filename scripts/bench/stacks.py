@@ -195,7 +195,11 @@ def start_vllm_worker(model_dir: str, engine: EngineSettings, timeout: float = 9
 
 
 def start_edge(
-    worker_address: str | list[str], extra: list[str], timeout: float = 60.0, name: str = "edge"
+    worker_address: str | list[str],
+    extra: list[str],
+    timeout: float = 60.0,
+    name: str = "edge",
+    env: dict[str, str] | None = None,
 ) -> Proc:
     """`python -m edge --worker ADDR...` on a free port, waited until it lists the model."""
     if not (ROOT / "edge" / "__main__.py").exists():
@@ -206,6 +210,7 @@ def start_edge(
         name,
         [sys.executable, "-m", "edge", *(f"--worker={w}" for w in workers), "--host", "127.0.0.1",
          "--port", "0", "--port-file", str(port_file), *extra],
+        env,
     )  # fmt: skip
     _wait(proc, lambda: _port_file_ready(proc, port_file), timeout)
     return _wait(proc, lambda: _models_ready(proc.port), timeout)

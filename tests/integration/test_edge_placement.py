@@ -1,7 +1,7 @@
 """Placement through real processes: an edge over three sim workers with prefix caches, in
 a `cache_aware` pool: a conversation's next turn goes where its prefix is cached (and says
 so in `usage`), new conversations spread by load, and the workers' load reaches the edge
-as they push it."""
+as they push it; the edge renders prompts to tokens for token-aware routers in front."""
 
 from __future__ import annotations
 
@@ -11,9 +11,12 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
 import httpx
 import pytest
 
+from generated import sluice_pb2 as pb
+from generated import sluice_pb2_grpc as pb_grpc
 from tests.integration.edge_fixtures import EDGE_ENV, wait_ready
 from tests.procs import Proc, start_edge, start_worker
 
@@ -92,3 +95,25 @@ def test_the_edge_sees_the_workers_pushed_load(edge: tuple[Proc, list[Proc]]) ->
     assert "sluice_edge_worker_load{" in metrics
     assert 'sluice_edge_pool_cache_aware_decisions_total{pool="p",reason="cache"}' in metrics
     assert len(workers) == len(reported)
+
+
+def test_render_gives_the_tokens_a_generation_would_prefill(edge: tuple[Proc, list[Proc]]) -> None:
+    proc, workers = edge
+    base = f"http://{proc.address}"
+    messages = conversation(99)
+    resp = httpx.post(f"{base}/v1/chat/completions/render", json={"messages": messages}, timeout=10)
+    assert resp.status_code == 200, resp.text
+    rendered = resp.json()
+    with grpc.insecure_channel(workers[0].address) as ch:
+        tokenize = pb.TokenizeRequest()
+        tokenize.chat.messages.extend(pb.ChatMessage(role=m["role"], content=m["content"])
+                                      for m in messages)  # fmt: skip
+        expected = list(pb_grpc.GenerationStub(ch).Tokenize(tokenize, timeout=5).token_ids)
+    assert rendered["token_ids"] == expected and rendered["request_id"]
+    _, _, usage = chat(proc, messages)
+    assert usage["prompt_tokens"] == len(expected)
+    resp = httpx.post(f"{base}/v1/completions/render", json={"prompt": "Hello there"}, timeout=10)
+    assert resp.status_code == 200 and len(resp.json()) == 1
+    assert len(resp.json()[0]["token_ids"]) == 2
+    bad = httpx.post(f"{base}/v1/chat/completions/render", json={"messages": []}, timeout=10)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages"

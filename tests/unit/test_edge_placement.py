@@ -26,12 +26,20 @@ def test_a_next_turn_shares_every_full_block_of_the_last_one() -> None:
     turn1 = [("system", SYSTEM), ("user", "What is a river?")]
     turn2 = [*turn1, ("assistant", "Water that flows."), ("user", "And a lake?")]
     a, b = Prompt(turn1).blocks(64), Prompt(turn2).blocks(64)
-    full = len(Prompt(turn1).text()) // 64
-    assert a[:full] == b[:full] and len(b) > len(a)
+    assert len(a) == len(SYSTEM) // 64 + 1  # full blocks, then one partial one
+    assert a[:-1] == b[: len(a) - 1] and a[-1] != b[len(a) - 1]
     other = Prompt([("system", "x" + SYSTEM[1:]), *turn1[1:]]).blocks(64)
     assert not set(other) & set(a)  # chained: a change up front changes every block
+    moved = Prompt([("system", SYSTEM[:-1]), ("user", SYSTEM[-1] + "What is a river?")])
+    assert moved.blocks(64)[-1] != a[-1]  # roles are part of the blocks
+    # Short messages gather into one block; the same words in another order do not match.
+    short = [("user", "a" * 10), ("assistant", "b" * 10), ("user", "c" * 10)]
+    swapped = [short[0], ("assistant", "c" * 10), ("user", "b" * 10)]
+    assert len(Prompt(short).blocks(64)) == 1 and Prompt(short).blocks(64) != Prompt(
+        swapped
+    ).blocks(64)
     assert Prompt(prompt="hi").blocks(64) == block_hashes("hi", 64)
-    assert block_hashes("", 8) == []
+    assert block_hashes("", 8) == [] and Prompt([]).blocks(8) == []
 
 
 def test_the_prompt_is_hashed_once_per_block_size() -> None:
@@ -168,7 +176,7 @@ async def test_a_saturated_worker_sheds_its_hot_prefix() -> None:
     assert other is not first
     placement = reg.pools["p"].placement
     assert placement.decisions == {"load": 1, "balance": 1}  # no hit yet; then the threshold
-    blocks = hot.blocks(256)
+    blocks = hot.blocks(reg.options.prefix_block_chars)
     held = placement.index.match(blocks, [(first.key, 1), (other.key, 1)])
     assert held == [len(blocks)] * 2  # both hold it now
 
@@ -206,7 +214,7 @@ async def test_the_index_is_sized_by_the_workers_kv_cache() -> None:
     reg = registry(PoolSpec("p", "", 1.0, ["a:1"], policy="cache_aware"), prefix_block_chars=64)
     w = reg.workers[0]
     placement = reg.pools["p"].placement
-    assert placement.capacity(w) == 16384
+    assert placement.capacity(w) == 4096
     w.loaded(pb.WorkerLoad(kv_cache_tokens=80))  # 320 characters, twice: 10 blocks
     assert placement.capacity(w) == 10
     reg.pick(prompt=Prompt(prompt="x" * 64 * 30))
@@ -220,7 +228,7 @@ async def test_removal_and_restart_forget_the_workers_blocks() -> None:
     index = reg.pools["p"].placement.index
     w._set_status(NOT_SERVING)
     w._set_status(SERVING)  # restarted: a new epoch, an empty cache
-    assert index.match(prompt.blocks(256), [(w.key, w.epoch)]) == [0]
+    assert index.match(prompt.blocks(1024), [(w.key, w.epoch)]) == [0]
     w2 = reg.pick(prompt=prompt)
     reg.remove_worker("p", w2.address)
     assert index.held(w2.key) == 0
