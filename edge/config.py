@@ -32,6 +32,9 @@ ENV_VAR = "SLUICE_EDGE_CONFIG"
 SECRET_ENV = "SLUICE_RESUME_SECRET"
 ADMIN_KEY_ENV = "SLUICE_ADMIN_KEY"
 CONTINUE_MODES = ("never", "sampled", "always")
+# How a worker is chosen within a pool for a request without a session key
+# (`edge.upstream.routing`); a pool may set its own (`policy` in the pools file).
+POLICIES = ("session", "cache_aware", "least_load", "random")
 
 
 def option(default: Any, flag: str, help: str, **argparse_kwargs: Any) -> Any:
@@ -116,8 +119,28 @@ class RoutingConfig:
     )
     max_fails: int = option(1, "--max-fails", "passive failures that take a worker out (0: off)")
     fail_timeout_s: float = option(10.0, "--fail-timeout", "...within, and out for, seconds")
-    stats_interval_s: float = option(
-        0.0, "--stats-interval", "GetStats poll per worker, s (0: off)"
+    # Each worker pushes its load (WatchLoad) when it changes, at most this often; the
+    # edge adds its own calls since the last push. 0: no load stream (in-flight count only).
+    load_interval_s: float = option(
+        0.05, "--load-interval", "shortest gap between a worker's load pushes, s (0: off)"
+    )
+    policy: str = option(
+        "session", "--routing-policy", "worker choice without a session key", choices=POLICIES
+    )
+    prefix_block_chars: int = option(
+        1024, "--prefix-block-chars", "cache_aware: characters per prompt block in the index"
+    )
+    prefix_index_blocks: int = option(
+        4096, "--prefix-index-blocks", "cache_aware: blocks held per worker of unknown KV size"
+    )
+    cache_load_weight: float = option(
+        0.5, "--cache-load-weight", "cache_aware: weight of load against the expected hit"
+    )
+    cache_balance_abs: float = option(
+        8.0, "--cache-balance-abs", "cache_aware: least loaded wins past this many more..."
+    )
+    cache_balance_rel: float = option(
+        1.5, "--cache-balance-rel", "...and this factor more load than the least loaded"
     )
     # A frozen or silently dead worker is found within keepalive + keepalive timeout:
     # its connection fails, its health Watch with it (out of rotation), and its calls end
@@ -262,6 +285,8 @@ def check(config: EdgeConfig) -> None:
         raise SystemExit("--heartbeat and --request-timeout must be positive, --processes >= 1")
     if r.max_tries < 1 or r.retry_budget_s < 0 or r.max_fails < 0:
         raise SystemExit("--max-tries must be at least 1, --retry-budget/--max-fails >= 0")
+    if r.load_interval_s < 0 or r.prefix_block_chars < 1 or r.prefix_index_blocks < 1:
+        raise SystemExit("--load-interval >= 0, --prefix-block-chars/--prefix-index-blocks >= 1")
     if min(sec.rate_limit_rps, sec.rate_limit_burst, sec.max_streams_per_key) < 0:
         raise SystemExit("limits must be >= 0")
     if sec.max_prompt_chars < 0:

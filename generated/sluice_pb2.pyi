@@ -405,3 +405,39 @@ class WorkerStats(_message.Message):
     replay_generations: int
     replay_bytes: int
     def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., max_running: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., draining: _Optional[bool] = ..., finished_total: _Optional[int] = ..., rejected_total: _Optional[int] = ..., spec_draft_tokens: _Optional[int] = ..., spec_accepted_tokens: _Optional[int] = ..., drain_rate: _Optional[float] = ..., resumed_total: _Optional[int] = ..., detach_expired_total: _Optional[int] = ..., wasted_tokens_total: _Optional[int] = ..., replay_generations: _Optional[int] = ..., replay_bytes: _Optional[int] = ...) -> None: ...
+
+class WatchLoadRequest(_message.Message):
+    __slots__ = ("min_interval_ms", "max_interval_ms")
+    MIN_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    min_interval_ms: int
+    max_interval_ms: int
+    def __init__(self, min_interval_ms: _Optional[int] = ..., max_interval_ms: _Optional[int] = ...) -> None: ...
+
+class WorkerLoad(_message.Message):
+    __slots__ = ("running", "waiting", "max_running", "kv_cache_usage", "draining", "prefix_cache_hit_rate", "tokens_per_s", "prefix_cache_queried_tokens", "prefix_cache_hit_tokens", "generated_tokens", "kv_cache_tokens", "seq")
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    MAX_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_HIT_RATE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_QUERIED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    running: int
+    waiting: int
+    max_running: int
+    kv_cache_usage: float
+    draining: bool
+    prefix_cache_hit_rate: float
+    tokens_per_s: float
+    prefix_cache_queried_tokens: int
+    prefix_cache_hit_tokens: int
+    generated_tokens: int
+    kv_cache_tokens: int
+    seq: int
+    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., max_running: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., draining: _Optional[bool] = ..., prefix_cache_hit_rate: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., prefix_cache_queried_tokens: _Optional[int] = ..., prefix_cache_hit_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., kv_cache_tokens: _Optional[int] = ..., seq: _Optional[int] = ...) -> None: ...

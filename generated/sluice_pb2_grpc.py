@@ -60,6 +60,11 @@ class GenerationStub:
                 request_serializer=generated_dot_sluice__pb2.GetStatsRequest.SerializeToString,
                 response_deserializer=generated_dot_sluice__pb2.WorkerStats.FromString,
                 _registered_method=True)
+        self.WatchLoad = channel.unary_stream(
+                '/sluice.v1.Generation/WatchLoad',
+                request_serializer=generated_dot_sluice__pb2.WatchLoadRequest.SerializeToString,
+                response_deserializer=generated_dot_sluice__pb2.WorkerLoad.FromString,
+                _registered_method=True)
 
 
 class GenerationServicer:
@@ -117,6 +122,17 @@ class GenerationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchLoad(self, request, context):
+        """Pushes the worker's load: one message at once, then one whenever a figure changed
+        (checked every `min_interval_ms`, so never more often), and one at least every
+        `max_interval_ms` even without a change (so a caller knows the figures are current).
+        Routers follow it instead of polling `GetStats`. The stream runs until the caller
+        cancels it or the worker stops.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GenerationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -144,6 +160,11 @@ def add_GenerationServicer_to_server(servicer, server):
                     servicer.GetStats,
                     request_deserializer=generated_dot_sluice__pb2.GetStatsRequest.FromString,
                     response_serializer=generated_dot_sluice__pb2.WorkerStats.SerializeToString,
+            ),
+            'WatchLoad': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchLoad,
+                    request_deserializer=generated_dot_sluice__pb2.WatchLoadRequest.FromString,
+                    response_serializer=generated_dot_sluice__pb2.WorkerLoad.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -282,6 +303,33 @@ class Generation:
             '/sluice.v1.Generation/GetStats',
             generated_dot_sluice__pb2.GetStatsRequest.SerializeToString,
             generated_dot_sluice__pb2.WorkerStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchLoad(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/sluice.v1.Generation/WatchLoad',
+            generated_dot_sluice__pb2.WatchLoadRequest.SerializeToString,
+            generated_dot_sluice__pb2.WorkerLoad.FromString,
             options,
             channel_credentials,
             insecure,

@@ -176,3 +176,19 @@ class SluiceClient:
 
     async def stats(self, timeout: float | None = 10) -> pb.WorkerStats:
         return await self._unary(self.stub.GetStats, pb.GetStatsRequest(), timeout)
+
+    async def watch_load(
+        self, min_interval_s: float = 0.0, max_interval_s: float = 0.0
+    ) -> AsyncIterator[pb.WorkerLoad]:
+        """The worker's load as it pushes it (`WatchLoad`), until the caller stops."""
+        req = pb.WatchLoadRequest(
+            min_interval_ms=int(min_interval_s * 1000), max_interval_ms=int(max_interval_s * 1000)
+        )
+        call = self.stub.WatchLoad(req)
+        try:
+            async for msg in call:
+                yield msg
+        except grpc.aio.AioRpcError as err:
+            raise GenerationError.from_rpc(err) from None
+        finally:
+            call.cancel()

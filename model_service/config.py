@@ -21,6 +21,13 @@ class SimOptions:
     # Faults injected at runtime (tests, rollout benchmarks): a JSON file re-read when it
     # changes, see `model_service.engines.sim.Faults`. "" = none.
     fault_file: str = ""
+    # Prefix cache (`engines/sim_cache.py`): full blocks of prompt tokens kept, LRU, in the
+    # KV space running requests leave free; hits are reported as cached prompt tokens.
+    prefix_cache: bool = True
+    block_tokens: int = 16
+    # Prefill speed in prompt tokens/s: > 0 makes TTFT `ttft_s` + uncached prompt tokens /
+    # this rate, one prefill at a time (as one forward pass at a time); 0: a flat `ttft_s`.
+    prefill_tokens_per_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -233,6 +240,20 @@ def build_parser() -> argparse.ArgumentParser:
         help='JSON faults re-read on change: {"error_rate", "error_after_tokens", "ttft_s"}',
     )
     p.add_argument(
+        "--sim-prefix-cache",
+        action=argparse.BooleanOptionalAction,
+        default=d.engine.sim.prefix_cache,
+        help="sim: keep prompt KV blocks for later prompts (LRU)",
+    )
+    p.add_argument("--sim-block-size", type=int, default=d.engine.sim.block_tokens)
+    p.add_argument(
+        "--sim-prefill-rate",
+        type=float,
+        default=d.engine.sim.prefill_tokens_per_s,
+        help="sim: uncached prompt tokens prefilled per second, one prefill at a time "
+        "(TTFT = --sim-ttft + uncached/rate); 0: a flat --sim-ttft",
+    )
+    p.add_argument(
         "--gpu-memory-utilization", type=float, default=d.engine.vllm.gpu_memory_utilization
     )
     p.add_argument("--kv-cache-space-gb", type=float, default=None)
@@ -334,6 +355,9 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
             answer_tokens=args.sim_answer_tokens,
             kv_cache_tokens=args.sim_kv_tokens,
             fault_file=args.sim_fault_file,
+            prefix_cache=args.sim_prefix_cache,
+            block_tokens=args.sim_block_size,
+            prefill_tokens_per_s=args.sim_prefill_rate,
         ),
         vllm=VllmOptions(
             gpu_memory_utilization=args.gpu_memory_utilization,

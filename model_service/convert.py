@@ -13,6 +13,7 @@ from model_service.types import (
     EngineStats,
     FinishReason,
     GenerationRequest,
+    LoadFigures,
     ModelInfo,
     SamplingParams,
     StructuredOutput,
@@ -250,4 +251,23 @@ def stats_to_pb(
         spec_draft_tokens=stats.spec_draft_tokens,
         spec_accepted_tokens=stats.spec_accepted_tokens,
         drain_rate=drain_rate,
+    )
+
+
+def load_to_pb(figures: LoadFigures, seq: int) -> pb.WorkerLoad:
+    """One `WatchLoad` message."""
+    f = figures
+    return pb.WorkerLoad(
+        running=f.running,
+        waiting=f.waiting,
+        max_running=f.max_running,
+        kv_cache_usage=f.kv_cache_usage,
+        draining=f.draining,
+        prefix_cache_hit_rate=f.prefix_cache_hit_rate,
+        tokens_per_s=f.tokens_per_s,
+        prefix_cache_queried_tokens=f.prefix_cache_queried_tokens,
+        prefix_cache_hit_tokens=f.prefix_cache_hit_tokens,
+        generated_tokens=f.generated_tokens,
+        kv_cache_tokens=f.kv_cache_tokens,
+        seq=seq,
     )

@@ -17,6 +17,7 @@ from generated import sluice_pb2_grpc as pb_grpc
 from model_service import convert
 from model_service.core import WorkerCore
 from model_service.errors import SluiceError, Unavailable
+from model_service.load import LoadReporter, intervals
 from model_service.status import abort_with
 from model_service.stream import ACCEPTED_KEY, GenerateStream, send_log
 from model_service.types import EngineStats
@@ -30,6 +31,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
 
     def __init__(self, core: WorkerCore) -> None:
         self.core = core
+        self.load = LoadReporter(core)
 
     async def Generate(
         self, request_iterator: AsyncIterator[pb.GenerateRequest], context: grpc.aio.ServicerContext
@@ -94,6 +96,13 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         msg.replay_bytes = core.store.bytes()
         return msg
 
+    async def WatchLoad(
+        self, request: pb.WatchLoadRequest, context: grpc.aio.ServicerContext
+    ) -> None:
+        min_s, max_s = intervals(request.min_interval_ms, request.max_interval_ms)
+        async for msg in self.load.watch(min_s, max_s):
+            await context.write(msg)
+
     async def _require_ready(self, context: grpc.aio.ServicerContext) -> None:
         if not self.core.ready:
             await abort_with(context, Unavailable("engine is not ready yet"))
@@ -126,6 +135,11 @@ def method_handlers(servicer: GenerationServicer) -> dict[str, grpc.RpcMethodHan
             servicer.GetStats,
             request_deserializer=pb.GetStatsRequest.FromString,
             response_serializer=pb.WorkerStats.SerializeToString,
+        ),
+        "WatchLoad": grpc.unary_stream_rpc_method_handler(
+            servicer.WatchLoad,
+            request_deserializer=pb.WatchLoadRequest.FromString,
+            response_serializer=pb.WorkerLoad.SerializeToString,
         ),
     }
 

@@ -186,3 +186,30 @@ class WorkerFigures:
     resumed_total: int
     detach_expired_total: int
     wasted_tokens_total: int
+
+
+@dataclass(frozen=True, slots=True)
+class LoadFigures:
+    """One instant of the worker's load (the domain form of `pb.WorkerLoad`)."""
+
+    running: int = 0
+    waiting: int = 0
+    max_running: int = 0
+    kv_cache_usage: float = 0.0
+    draining: bool = False
+    prefix_cache_hit_rate: float = 0.0
+    tokens_per_s: float = 0.0
+    prefix_cache_queried_tokens: int = 0
+    prefix_cache_hit_tokens: int = 0
+    generated_tokens: int = 0
+    kv_cache_tokens: int = 0
+
+    def key(self) -> tuple[object, ...]:
+        """What a change is judged by (rates drift all the time; they ride along)."""
+        return (
+            self.running,
+            self.waiting,
+            self.draining,
+            round(self.kv_cache_usage * 100),
+            round(self.prefix_cache_hit_rate * 100),
+        )

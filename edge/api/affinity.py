@@ -27,6 +27,7 @@ from starlette.requests import Request
 
 from edge.config import SessionConfig
 from edge.obs.record import record_of
+from edge.upstream.prefix import Prompt
 from edge.upstream.routing import MAX_KEY_CHARS, SESSION_COOKIE, SESSION_HEADER
 from edge.upstream.sessions import Pinning
 from edge.upstream.worker import Worker
@@ -98,10 +99,16 @@ class CookieCodec:
 
 
 async def place(
-    pinning: Pinning, codec: CookieCodec, request: Request, model: str, user: str | None
+    pinning: Pinning,
+    codec: CookieCodec,
+    request: Request,
+    model: str,
+    user: str | None,
+    prompt: Prompt | None = None,
 ) -> tuple[Worker, str]:
     """The worker for this request and its session key; the response headers that go with
-    the placement are put into the request's record (sent with the response's start)."""
+    the placement are put into the request's record (sent with the response's start).
+    `prompt` feeds a cache_aware pool's choice for a request without a session yet."""
     headers = request.headers
     key, pinned, cookie = "", None, None
     given = headers.get(SESSION_HEADER, "").strip()
@@ -114,7 +121,7 @@ async def place(
     elif raw:
         key = raw[:MAX_KEY_CHARS]
     issue = bool(codec.config.cookie) and (cookie is not None or not key)
-    placed = await pinning.place(model, key, pinned)
+    placed = await pinning.place(model, key, pinned, prompt)
     out = record_of(request.scope).headers
     out.append((POOL_HEADER, quote(placed.pool).encode()))
     if placed.moved_from:

@@ -43,7 +43,7 @@ from edge.stream.response import GenerationResponse
 from edge.upstream.calls import ResumeCall
 from edge.upstream.continuation import split_id
 from edge.upstream.failover import FailoverCall
-from edge.upstream.routing import session_key
+from edge.upstream.prefix import Prompt
 from generated import sluice_pb2 as pb
 
 TRACE_HEADER = "x-request-id"
@@ -127,13 +127,13 @@ async def _prepare(state: EdgeState, request: Request, kind: Kind) -> Prepared:
     cfg = state.config
     req = _PARSERS[kind](decode_body(await read_body(request, cfg.server.max_body_bytes)))
     check_prompt(req, cfg.security.max_prompt_chars)
-    key = session_key(request.headers, request.cookies, req.user)  # affinity, see routing
     request_id = new_request_id()
     owner = state.codec.tag(record_of(request.scope).caller or "")
     start = req.to_start("")  # the request alone, for its tag; then ours
     body = state.codec.tag(kind.encode() + b"|" + start.SerializeToString(deterministic=True))
     start.request_id = request_id
-    return Prepared(req, key, request_id, trace_id(request, request_id), owner, body, start)
+    # The session key comes with the placement (`edge.api.affinity`, in `_failover`).
+    return Prepared(req, "", request_id, trace_id(request, request_id), owner, body, start)
 
 
 def _format(kind: Kind, request_id: str, model: str, req: GenRequest) -> Format:
@@ -154,18 +154,21 @@ async def _failover(
 ) -> FailoverCall:
     registry = state.workers()
     # The session's pool (pinned) and worker; its cookie and pool headers go out with the
-    # response, whatever it turns out to be.
+    # response, whatever it turns out to be. The prompt is hashed only for a cache_aware pool.
+    req = p.req
+    messages = None if req.messages is None else [(m.role, m.content) for m in req.messages]
+    prompt = Prompt(messages, req.prompt)
     worker, p.key = await tracing.route_awaiting(
-        affinity.place(state.sessions(), state.cookies, request, p.req.model, p.req.user)
+        affinity.place(state.sessions(), state.cookies, request, req.model, req.user, prompt)
     )
     start = p.start
     start.detach_grace_ms = int(detach_grace_s * 1000)
     start.stamp_times = stamps
     # A Responses stream's events depend on all before them: it resumes by replaying its
     # one generation, so it is never continued as a second one elsewhere.
-    continuable = p.req.kind != "responses"
+    continuable = req.kind != "responses"
     return FailoverCall(
-        registry, worker, start, timeout, p.trace_id, p.key, p.req.model, continuable
+        registry, worker, start, timeout, p.trace_id, p.key, req.model, continuable, prompt
     )
 
 

@@ -16,7 +16,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from edge.api import admin, generate, pages
+from edge.api import admin, generate, pages, render
 from edge.api.state import EdgeState
 from edge.errors import ApiError, error_response, internal_error
 from edge.obs.record import record_of
@@ -32,6 +32,9 @@ GENERATION_ROUTES: dict[str, tuple[frozenset[str], Endpoint]] = {
     "/v1/completions": (POST, lambda s, r: generate.generate(s, r, "completion")),
     "/v1/responses": (POST, lambda s, r: generate.generate(s, r, "responses")),
     "/v1/streams": (POST, generate.create_stream),
+    # vLLM's render endpoints (token ids only): token-aware routers in front of edges.
+    "/v1/chat/completions/render": (POST, lambda s, r: render.render(s, r, "chat")),
+    "/v1/completions/render": (POST, lambda s, r: render.render(s, r, "completion")),
 }
 PAGE_ROUTES = [
     Route("/", pages.chat_page, methods=["GET"]),

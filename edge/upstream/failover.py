@@ -45,6 +45,7 @@ from edge.upstream.continuation import (
     whole_usage,
 )
 from edge.upstream.outcomes import CANCELLED
+from edge.upstream.prefix import Prompt
 from edge.upstream.registry import PoolRegistry
 from edge.upstream.worker import Worker
 from generated import sluice_pb2 as pb
@@ -85,6 +86,7 @@ class FailoverCall:
         key: str = "",
         model: str = "",
         continuable: bool = True,
+        prompt: Prompt | None = None,
     ) -> None:
         self._registry = registry
         self._opts = registry.options
@@ -93,6 +95,7 @@ class FailoverCall:
         self._trace = trace_id
         self._key = key
         self._model = model
+        self._prompt = prompt  # for a replacement's pick (cache_aware pools)
         self._deadline = time.monotonic() + timeout_s if timeout_s else None
         self._continuable = continuable and may_continue(self._opts.continue_on_failure, start)
         self._attempt: _Attempt | None = None
@@ -228,6 +231,7 @@ class FailoverCall:
                 self._key,
                 exclude=self._tried,
                 prefer_pool=self.worker.pool,
+                prompt=self._prompt,
             )
         except ApiError:
             return None

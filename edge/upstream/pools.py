@@ -3,7 +3,9 @@ each pool's canary rollback bounds. (The routing flags are `edge.config.RoutingC
 
 A pools file holds a list of pools, each with a unique name, a model version label, a
 weight (share of new traffic, >= 0) and worker addresses; a pool may add a `rollback`
-table (automatic canary rollback bounds). `--worker ADDR` flags form one more pool named
+table (automatic canary rollback bounds) and a `policy`, how a worker is chosen in it
+for requests without a session key (one of `edge.config.POLICIES`; unset: the edge's
+`--routing-policy`). `--worker ADDR` flags form one more pool named
 `default` (weight 1). See `edge/pools.example.toml`.
 """
 
@@ -15,6 +17,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from edge.config import POLICIES
 
 DEFAULT_POOL = "default"
 MAX_NAME = 64
@@ -57,6 +61,7 @@ class PoolSpec:
     weight: float = 1.0
     workers: list[str] = field(default_factory=list)
     rollback: RollbackSpec | None = None
+    policy: str = ""  # "": the edge's --routing-policy
 
 
 def _number(raw: dict[str, Any], name: str, default: float | None, lo: float = 0.0) -> Any:
@@ -97,7 +102,7 @@ def parse_pool(raw: Any) -> PoolSpec:
     """One pool from a decoded file entry or an admin request body."""
     if not isinstance(raw, dict):
         raise PoolConfigError("a pool must be a table/object")
-    unknown = set(raw) - {"name", "version", "weight", "workers", "rollback"}
+    unknown = set(raw) - {"name", "version", "weight", "workers", "rollback", "policy"}
     if unknown:
         raise PoolConfigError(f"unknown pool keys: {sorted(unknown)}")
     name = raw.get("name")
@@ -109,12 +114,15 @@ def parse_pool(raw: Any) -> PoolSpec:
         raise PoolConfigError(f"pool {name}: version must be a string")
     if not isinstance(workers, list) or not all(isinstance(a, str) and a for a in workers):
         raise PoolConfigError(f"pool {name}: workers must be a list of host:port strings")
+    policy = raw.get("policy", "")
+    if policy != "" and policy not in POLICIES:
+        raise PoolConfigError(f"pool {name}: policy must be one of {', '.join(POLICIES)}")
     try:
         weight = parse_weight(raw.get("weight", 1.0))
         rollback = parse_rollback(raw.get("rollback"))
     except PoolConfigError as exc:
         raise PoolConfigError(f"pool {name}: {exc}") from None
-    return PoolSpec(name, version, weight, list(workers), rollback)
+    return PoolSpec(name, version, weight, list(workers), rollback, policy)
 
 
 def load_pools(path: str) -> list[PoolSpec]:

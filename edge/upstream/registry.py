@@ -1,8 +1,9 @@
 """The pools of workers behind this edge, their runtime changes, and the choice of a worker.
 
 `PoolRegistry` holds pools with weights, picks workers (session affinity, weights, load,
-failover exclusions: the math is in `edge.upstream.routing`), applies runtime changes
-for the admin API and keeps per-pool metrics. Background policies that watch it (the
+failover exclusions: the math is in `edge.upstream.routing`; the worker within a pool by
+the pool's policy, `edge.upstream.placement`), applies runtime changes for the admin API
+and keeps per-pool metrics. Background policies that watch it (the
 canary rollback, `edge.upstream.canary`) are started by the bootstrap, not by it.
 
 Changes apply to new requests at once (same event loop, no locks): a running call keeps
@@ -23,12 +24,13 @@ from typing import Any
 
 from edge.config import RoutingConfig
 from edge.errors import ApiError, no_worker
-from edge.obs.prom import Exposition, labels
-from edge.upstream import outcomes
+from edge.upstream import gauges
 from edge.upstream.channel import ChannelFactory
 from edge.upstream.outcomes import PoolMetrics
+from edge.upstream.placement import Placement
 from edge.upstream.pools import PoolSpec, RollbackSpec, build_pools
-from edge.upstream.routing import hrw, two_choices, weighted_hrw, weighted_random
+from edge.upstream.prefix import Prompt
+from edge.upstream.routing import weighted_hrw, weighted_random
 from edge.upstream.worker import UNKNOWN, Worker
 
 log = logging.getLogger("sluice.edge")
@@ -47,6 +49,7 @@ class Pool:
     # Why the pool is leaving ("drained", "rolled_back"; "" = it is not): it takes no new
     # sessions, and sessions pinned to it move on at their next request.
     draining: str = ""
+    placement: Placement = field(default_factory=Placement)  # worker choice, by its policy
 
 
 Group = tuple[Pool, list[Worker]]
@@ -117,21 +120,22 @@ class PoolRegistry:
         exclude: Collection[str] = (),
         prefer_pool: str = "",
         pool: str = "",
+        prompt: Prompt | None = None,
     ) -> Worker:
         """A worker for a new generation (or a retry: `exclude` holds addresses tried).
 
         With a session key: the key's pool by weighted rendezvous, then its worker by
-        rendezvous. Without: a pool at random by weight, then two random choices by load.
-        `pool` (a pinned session) picks in that pool only, whatever its weight;
-        `prefer_pool` (a failover) stays in that pool while it has candidates. Draining
-        pools take nothing new. Raises ApiError: 404 when SERVING workers exist but none
-        has `model`, else 503.
+        rendezvous. Without: a pool at random by weight, then a worker by the pool's
+        policy (`prompt` feeds `cache_aware`). `pool` (a pinned session) picks in that pool
+        only, whatever its weight; `prefer_pool` (a failover) stays in that pool while it
+        has candidates. Draining pools take nothing new. Raises ApiError: 404 when SERVING
+        workers exist but none has `model`, else 503.
         """
         now = time.monotonic()
         for level in _LEVELS:
             groups = self._groups(model, exclude, level, now, pool or prefer_pool, bool(pool))
             if groups:
-                return self._choose(groups, key, prefer_pool)
+                return self._choose(groups, key, prefer_pool, prompt)
         serving = [w for w in self.workers if w.serving and not w.removed]
         if model and serving and not any(_has_model(w, model) for w in serving):
             names = sorted({m.id for w in serving for m in w.models})
@@ -167,7 +171,9 @@ class PoolRegistry:
                 groups.append((pool, ws))
         return groups
 
-    def _choose(self, groups: list[Group], key: str, prefer_pool: str) -> Worker:
+    def _choose(
+        self, groups: list[Group], key: str, prefer_pool: str, prompt: Prompt | None = None
+    ) -> Worker:
         preferred = [g for g in groups if g[0].name == prefer_pool]
         if preferred:
             group = preferred[0]
@@ -175,9 +181,7 @@ class PoolRegistry:
             group = weighted_hrw(key, groups, lambda g: g[0].name, lambda g: g[0].weight)
         else:
             group = weighted_random(groups, lambda g: g[0].weight, self._rng)
-        if key:
-            return hrw(key, group[1], lambda w: w.address)
-        return two_choices(group[1], lambda w: w.load, self._rng)
+        return group[0].placement.choose(group[1], key, prompt)
 
     # -- calls report back ----------------------------------------------------------------
 
@@ -239,6 +243,7 @@ class PoolRegistry:
         for a in spec.workers:
             self._check_free(a)
         pool = Pool(spec.name, spec.version, spec.weight, spec.rollback)
+        pool.placement = Placement(spec.policy, self.options, self._rng)
         self.pools[spec.name] = pool
         self.pool_metrics(spec.name)
         for a in spec.workers:
@@ -297,6 +302,7 @@ class PoolRegistry:
                 code="no_worker",
             )
         del pool.workers[worker.address]
+        pool.placement.forget(worker)
         worker.removed = True
         self._retiring.add(worker)
         log.info(
@@ -336,6 +342,8 @@ class PoolRegistry:
                     "name": pool.name,
                     "version": pool.version,
                     "weight": pool.weight,
+                    "policy": pool.placement.policy,
+                    "decisions": dict(pool.placement.decisions),
                     "rollback": pool.rollback.to_dict() if pool.rollback else None,
                     "rolled_back": pool.rolled_back,
                     "draining": pool.draining or None,
@@ -347,46 +355,7 @@ class PoolRegistry:
 
     def render_metrics(self) -> str:
         """Per-pool and per-worker lines for the edge's /metrics."""
-        now = time.monotonic()
-        out = Exposition()
-        outcomes.expose(out, self.metrics)
-        pools = list(self.pools.values())
-        windows = [
-            (p, self.pool_metrics(p.name).window(p.rollback.window_s if p.rollback else 60.0, now))
-            for p in pools
-        ]
-        out.family(
-            "sluice_edge_pool_weight",
-            "gauge",
-            "Share of new traffic (relative to the other pools).",
-            [(labels(pool=p.name), p.weight) for p in pools],
-        )
-        out.family(
-            "sluice_edge_pool_error_ratio",
-            "gauge",
-            "Failed attempts / attempts over the pool's window (rollback window, else 60 s).",
-            [(labels(pool=p.name), w.error_rate) for p, w in windows],
-        )
-        out.family(
-            "sluice_edge_pool_ttft_p99_seconds",
-            "gauge",
-            "p99 time to first token over the pool's window.",
-            [(labels(pool=p.name), w.ttft_p99_s) for p, w in windows if w.ttft_p99_s],
-        )
-        workers = [(labels(pool=w.pool, worker=w.address, id=w.key), w) for w in self.workers]
-        out.family(
-            "sluice_edge_worker_in_flight",
-            "gauge",
-            "This edge's calls on a worker now.",
-            [(lbl, w.in_flight) for lbl, w in workers],
-        )
-        out.family(
-            "sluice_edge_worker_routable",
-            "gauge",
-            "1 if the worker gets new requests (SERVING, in its pool, not marked failed).",
-            [(lbl, int(w.routable(now))) for lbl, w in workers],
-        )
-        return out.text()
+        return gauges.render(self)
 
 
 def _has_model(worker: Worker, model: str) -> bool:

@@ -4,14 +4,17 @@ Every function here is deterministic given its inputs (and the `random.Random` p
 so edges in different processes or on different hosts agree on where a session goes: the
 hashes use the pool name and the worker address, never anything local to one process.
 
-- A request's *session key* comes from, in order: the `X-Session-ID` header, the
-  `sluice_session` cookie, the OpenAI `user` field. None of them: no key, route by load.
+- A request's *session key* (`edge.api.affinity`): the `X-Session-ID` header, else the
+  OpenAI `user` field, else the session cookie the edge issued. None: route by load.
 - Pool for a key: weighted rendezvous hashing (score `-w / ln(u)`, `u` the key's hash on
   the pool mapped into (0, 1)): a pool wins a key with probability weight / total, and a
   weight change moves only the keys that must move (to or from the changed pool).
 - Worker in a pool for a key: rendezvous (HRW) hashing: removing a worker moves only its
   own keys, adding one takes only the keys it now wins.
-- Without a key: a pool at random by weight, then the less loaded of two random workers.
+- Without a key: a pool at random by weight, then a worker by the pool's policy
+  (`POLICIES`): `session` the less loaded of two random workers (the default, as before
+  policies existed); `least_load` the least loaded; `random` any; `cache_aware` the best
+  `cache_aware` score: expected prefix-cache hit minus load, with a balance threshold.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 SESSION_HEADER = "x-session-id"
@@ -28,14 +32,6 @@ MAX_KEY_CHARS = 256  # longer values are cut (they still hash consistently)
 _TWO_64 = float(2**64)
 
 T = TypeVar("T")
-
-
-def session_key(headers: Mapping[str, str], cookies: Mapping[str, str], user: str | None) -> str:
-    """The conversation key of a request ("" for none): header, then cookie, then `user`."""
-    for value in (headers.get(SESSION_HEADER), cookies.get(SESSION_COOKIE), user):
-        if value is not None and (value := value.strip()):
-            return value[:MAX_KEY_CHARS]
-    return ""
 
 
 def hash64(key: str, node: str) -> int:
@@ -87,3 +83,59 @@ def two_choices(nodes: Sequence[T], load: Callable[[T], float], rng: random.Rand
         return nodes[0]
     a, b = rng.sample(range(len(nodes)), 2)
     return nodes[b] if load(nodes[b]) < load(nodes[a]) else nodes[a]
+
+
+def least_loaded(loads: Sequence[float], rng: random.Random) -> int:
+    """The index of the least loaded node (ties: one of them at random)."""
+    low = min(loads)
+    ties = [i for i, x in enumerate(loads) if x == low]
+    return ties[0] if len(ties) == 1 else rng.choice(ties)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheAware:
+    """The `cache_aware` trade-off between an expected prefix-cache hit and load.
+
+    score = hit fraction - load_weight * load / (mean load + 1): a worker holding the
+    whole prompt beats an idle one unless it carries about `1 / load_weight` times the
+    mean load more. The balance threshold, as SGLang's `cache_aware`: when the winner's
+    load exceeds the least loaded worker's by more than `balance_abs` *and* by a factor
+    `balance_rel`, the least loaded takes the request instead (a hot prefix spreads to
+    another worker, which then holds it too).
+    """
+
+    load_weight: float = 0.5
+    balance_abs: float = 8.0
+    balance_rel: float = 1.5
+
+
+def cache_aware(
+    hits: Sequence[int], total: int, loads: Sequence[float], params: CacheAware, rng: random.Random
+) -> tuple[int, str]:
+    """The index of the node for a request of `total` blocks, of which node i holds the
+    first `hits[i]`, and why: "cache" (a hit decided), "load" (no hit anywhere, or the
+    load outweighed it) or "balance" (the threshold overruled the score)."""
+    mean = sum(loads) / len(loads)
+    scale = params.load_weight / (mean + 1.0)
+    best: list[int] = []
+    best_score = -math.inf
+    for i, (hit, load) in enumerate(zip(hits, loads, strict=True)):
+        score = (hit / total if total else 0.0) - scale * load
+        if score > best_score:
+            best, best_score = [i], score
+        elif score == best_score:
+            best.append(i)
+    pick = best[0] if len(best) == 1 else rng.choice(best)
+    low = min(loads)
+    if loads[pick] - low > params.balance_abs and loads[pick] > params.balance_rel * low:
+        return _least_loaded_best_hit(hits, loads, rng), "balance"
+    top_hit = max(hits)
+    return pick, "cache" if top_hit and hits[pick] == top_hit else "load"
+
+
+def _least_loaded_best_hit(hits: Sequence[int], loads: Sequence[float], rng: random.Random) -> int:
+    low = min(loads)
+    ties = [i for i, x in enumerate(loads) if x == low]
+    most = max(hits[i] for i in ties)
+    ties = [i for i in ties if hits[i] == most]
+    return ties[0] if len(ties) == 1 else rng.choice(ties)

@@ -30,6 +30,7 @@ import cachetools
 
 from edge.errors import ApiError
 from edge.obs.prom import Exposition, labels
+from edge.upstream.prefix import Prompt
 from edge.upstream.registry import PoolRegistry
 from edge.upstream.routing import hrw
 from edge.upstream.worker import Worker
@@ -97,7 +98,9 @@ class Pinning:
         self.store = store
         self.moves: dict[str, int] = {}  # by reason, for /metrics
 
-    async def place(self, model: str, key: str, pinned: str | None = None) -> Placement:
+    async def place(
+        self, model: str, key: str, pinned: str | None = None, prompt: Prompt | None = None
+    ) -> Placement:
         """A worker for a request of session `key` ("" = none yet: a new cookie session,
         whose id is made here). `pinned`: the pool its cookie names; None: ask the store.
         Raises ApiError as `PoolRegistry.pick` does."""
@@ -110,15 +113,15 @@ class Pinning:
             reason = registry.refuses_pin(pinned)
             if not reason:
                 try:
-                    return Placement(registry.pick(model, key, pool=pinned), key)
+                    return Placement(registry.pick(model, key, pool=pinned, prompt=prompt), key)
                 except ApiError:
                     reason = "unavailable"  # nothing left there for it: move on
             self.moves[reason] = self.moves.get(reason, 0) + 1
             log.debug("session moves off pool %s (%s)", pinned, reason)
         if key:
-            worker = registry.pick(model, key)
+            worker = registry.pick(model, key, prompt=prompt)
         else:
-            worker = registry.pick(model)
+            worker = registry.pick(model, prompt=prompt)
             key = self._session_id(worker, model)
         if from_store and key:
             await self.store.put(key, worker.pool)

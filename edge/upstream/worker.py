@@ -12,6 +12,14 @@ again after any other status (the worker restarted) clears the passive marks.
 A killed worker process closes its connection, which fails the Watch stream (the same
 HTTP/2 connection as the generations) at once: the worker is out of rotation within
 milliseconds. A silently dead host is found by gRPC keepalive (`--keepalive`).
+
+Load: while the worker serves, a second stream (`WatchLoad`) brings its own figures
+(running, waiting, KV use, prefix-cache hit rate, tokens/s, KV size) whenever they
+change, at most every `--load-interval`. The edge's view of its load (`load`) is the last
+push plus this edge's own calls started or ended since (so a burst of picks between two
+pushes sees itself), and never less than this edge's in-flight count. A worker without
+the RPC (an older version) is followed by its in-flight count alone. `epoch` counts the
+times the worker turned SERVING: a restarted worker has lost its prefix cache.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ UNKNOWN = health_pb2.HealthCheckResponse.UNKNOWN
 UNREACHABLE = -1  # ours: the watch stream itself failed
 WATCH_BACKOFF_S = (0.05, 2.0)  # first and longest wait between Watch attempts
 LIST_MODELS_TIMEOUT_S = 5.0
+LOAD_HEARTBEAT_S = 1.0  # the longest gap between load pushes we ask for
 
 
 def worker_key(address: str) -> str:
@@ -101,9 +110,12 @@ class Worker:
         self.removed = False  # out of its pool; kept open only while calls finish
         self.closed = False  # its channel is closed: no call can start on it
         self.passive = PassiveHealth(opts.max_fails, opts.fail_timeout_s)
-        self.reported_load = 0  # running + waiting, from GetStats (other edges' load too)
         self.reported_draining = False
-        self._stats_interval = opts.stats_interval_s
+        self.reported: pb.WorkerLoad | None = None  # the last load push (other edges' too)
+        self._in_flight_at_report = 0  # this edge's in-flight count when it arrived
+        self.epoch = 0  # times it turned SERVING (module docstring)
+        self._serving = asyncio.Event()
+        self._load_interval = opts.load_interval_s
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- state ------------------------------------------------------------------------
@@ -119,7 +131,16 @@ class Worker:
 
     @property
     def load(self) -> int:
-        return max(self.in_flight, self.reported_load)
+        """Generations on the worker now, as this edge best knows (module docstring)."""
+        r = self.reported
+        if r is None:
+            return self.in_flight
+        since = self.in_flight - self._in_flight_at_report
+        return max(self.in_flight, r.running + r.waiting + since)
+
+    def kv_cache_tokens(self) -> int:
+        """The worker's KV cache size in tokens, once it reported one (else 0)."""
+        return self.reported.kv_cache_tokens if self.reported is not None else 0
 
     def model_id(self) -> str:
         """The worker's model name, once known (the contract serves one model per worker)."""
@@ -146,18 +167,19 @@ class Worker:
         if status == SERVING:
             self.passive.reset()  # a fresh start (or a recovered one) gets a clean slate
             self.reported_draining = False
+            self.epoch += 1
+            self._serving.set()
         else:
             self.models = []  # reloaded when it serves again: it may be a new version
+            self._serving.clear()
         self.status = status
 
     # -- life -------------------------------------------------------------------------
 
     def start(self) -> None:
         self._tasks.append(asyncio.create_task(self._watch(), name=f"health {self.address}"))
-        if self._stats_interval > 0:
-            self._tasks.append(
-                asyncio.create_task(self._poll_stats(), name=f"stats {self.address}")
-            )
+        if self._load_interval > 0:
+            self._tasks.append(asyncio.create_task(self._watch_load(), name=f"load {self.address}"))
 
     async def close(self) -> None:
         self.closed = True
@@ -201,19 +223,43 @@ class Worker:
         self.models = list(resp.models)
         return self.models
 
-    async def _poll_stats(self) -> None:
+    async def tokenize(self, request: pb.TokenizeRequest) -> list[int]:
+        """The worker's token ids for an input, chat template applied. Raises ApiError."""
+        try:
+            resp = await self.stub.Tokenize(request, timeout=LIST_MODELS_TIMEOUT_S)
+        except grpc.aio.AioRpcError as err:
+            raise from_rpc_error(err) from None
+        return list(resp.token_ids)
+
+    async def _watch_load(self) -> None:
+        """Follow the worker's load pushes while it serves (module docstring)."""
+        interval_ms = max(1, round(self._load_interval * 1000))
+        request = pb.WatchLoadRequest(
+            min_interval_ms=interval_ms,
+            max_interval_ms=max(interval_ms, round(LOAD_HEARTBEAT_S * 1000)),
+        )
+        backoff = WATCH_BACKOFF_S[0]
         while True:
-            await asyncio.sleep(self._stats_interval)
-            if self.status != SERVING:
-                continue
+            await self._serving.wait()
             try:
-                stats = await self.stub.GetStats(
-                    pb.GetStatsRequest(), timeout=max(self._stats_interval, 1.0)
-                )
-            except grpc.aio.AioRpcError:
-                continue
-            self.reported_load = stats.running + stats.waiting
-            self.reported_draining = stats.draining
+                async for msg in self.stub.WatchLoad(request):
+                    backoff = WATCH_BACKOFF_S[0]
+                    self.loaded(msg)
+            except grpc.aio.AioRpcError as err:
+                if err.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    log.info("worker %s pushes no load: routing by in-flight count", self.address)
+                    self.reported = None
+                    return
+                log.debug("load watch of %s failed: %s", self.address, err.code().name)
+            self.reported = None
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, WATCH_BACKOFF_S[1])
+
+    def loaded(self, msg: pb.WorkerLoad) -> None:
+        """A load push arrived."""
+        self.reported = msg
+        self._in_flight_at_report = self.in_flight
+        self.reported_draining = msg.draining
 
     def describe(self, now: float | None = None) -> dict[str, object]:
         """For the admin API."""
@@ -224,12 +270,27 @@ class Worker:
             "status": status_name(self.status),
             "routable": self.routable(t),
             "in_flight": self.in_flight,
-            "reported_load": self.reported_load,
+            "load": self.load,
+            "reported": _load_dict(self.reported),
             "recent_failures": self.passive.recent(t),
             "out_for_s": round(max(0.0, self.passive.down_until - t), 3),
             "model": self.model_id(),
             "version": self.version(),
         }
+
+
+def _load_dict(msg: pb.WorkerLoad | None) -> dict[str, object] | None:
+    if msg is None:
+        return None
+    return {
+        "running": msg.running,
+        "waiting": msg.waiting,
+        "max_running": msg.max_running,
+        "kv_cache_usage": round(msg.kv_cache_usage, 4),
+        "prefix_cache_hit_rate": round(msg.prefix_cache_hit_rate, 4),
+        "tokens_per_s": round(msg.tokens_per_s, 1),
+        "kv_cache_tokens": msg.kv_cache_tokens,
+    }
 
 
 def status_name(status: int) -> str:

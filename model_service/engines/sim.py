@@ -5,6 +5,13 @@ worker: a fixed number of batch slots, a FIFO waiting queue, a KV-token budget r
 scheduling (prompt + max_tokens), configurable time to first token and per-token delay,
 deterministic output for a given prompt and seed, immediate slot release on abort.
 
+Prefix cache (`sim_cache.py`, on unless `prefix_cache` is off): full blocks of prompt
+tokens stay cached, LRU, in the KV space running requests leave free; a prompt's hit is
+reported as `cached_prompt_tokens` and counted in `stats()`. With `prefill_tokens_per_s`
+set, prefill takes `ttft_s` + uncached prompt tokens / that rate, one prefill at a time
+(a forward pass at a time), so a cache hit or a quiet worker gives a shorter TTFT;
+otherwise every prefill takes a flat `ttft_s`, all at once.
+
 Decoding runs in steps, as a real engine's forward pass does: every `token_delay_s`, one
 timer gives every decoding sequence its next token (a sequence joins the batch's steps
 after its prefill). So the engine costs one timer per step, not one per token, and the
@@ -34,6 +41,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from model_service.engines.base import Engine
+from model_service.engines.sim_cache import PrefixCache
 from model_service.engines.sim_json import pieces, structured_text
 from model_service.errors import EngineError
 from model_service.types import (
@@ -143,6 +151,7 @@ class _SimRequest:
     aborted: bool = False
     running: bool = False
     scheduled_at: float | None = None
+    cached: int = 0  # prompt tokens served from the prefix cache
 
 
 class SimEngine(Engine):
@@ -163,6 +172,8 @@ class SimEngine(Engine):
         self._step_timer: asyncio.TimerHandle | None = None
         self._step_at = 0.0  # when the last decode step was due (loop clock)
         self._faults = Faults(self._opts.fault_file) if self._opts.fault_file else None
+        self._cache = PrefixCache(self._opts.block_tokens) if self._opts.prefix_cache else None
+        self._prefill_free_at = 0.0  # when the one prefill lane is free (loop clock)
         self._info = ModelInfo(
             id=config.model_name,
             max_model_len=config.max_model_len,
@@ -203,12 +214,35 @@ class SimEngine(Engine):
             structured_text(request.structured, VOCAB, lambda n: 0)
 
     def stats(self) -> EngineStats:
+        cache = self._cache
         return EngineStats(
             running=self._running,
             waiting=len(self._waiting),
             max_running=self.config.max_num_seqs,
             kv_cache_usage=self._kv_used / self._opts.kv_cache_tokens,
+            extra={
+                "prefix_cache_queries": float(cache.queried if cache else 0),
+                "prefix_cache_hits": float(cache.hits if cache else 0),
+                "kv_cache_tokens": float(self._opts.kv_cache_tokens),
+            },
         )
+
+    async def _prefill(self, req: _SimRequest, prompt_ids: list[int], extra_s: float = 0) -> None:
+        """Look the prompt up in the prefix cache and spend its prefill time (`extra_s`:
+        an injected delay on top)."""
+        opts = self._opts
+        if self._cache is not None:
+            room = (opts.kv_cache_tokens - self._kv_used) // self._cache.block_tokens
+            req.cached = self._cache.admit(prompt_ids, room)
+        if opts.prefill_tokens_per_s > 0:
+            assert self._loop is not None
+            now = self._loop.time()
+            start = max(now, self._prefill_free_at)
+            self._prefill_free_at = start + opts.ttft_s + extra_s
+            self._prefill_free_at += (len(prompt_ids) - req.cached) / opts.prefill_tokens_per_s
+            await asyncio.sleep(self._prefill_free_at - now)
+        elif opts.ttft_s + extra_s > 0:  # prefill (zero: the first token at once)
+            await asyncio.sleep(opts.ttft_s + extra_s)
 
     async def abort(self, request_id: str) -> None:
         req = self._requests.get(request_id)
@@ -314,8 +348,7 @@ class SimEngine(Engine):
             # Hold back text that could be the start of a stop string, as real engines do.
             holdback = max((len(s) for s in sp.stop), default=1) - 1
             text, emitted, n, prompt = "", 0, 0, len(prompt_ids)
-            if prefill > 0:  # prefill (zero: the first token at once)
-                await asyncio.sleep(prefill)
+            await self._prefill(req, prompt_ids, prefill - opts.ttft_s)
             while not req.aborted:
                 n += 1
                 if n == fail_at:
@@ -377,6 +410,7 @@ class SimEngine(Engine):
             completion_tokens=completion_tokens,
             finish_reason=finish,
             stop_sequence=stop,
+            cached_prompt_tokens=req.cached,
             scheduled_at=req.scheduled_at,
         )
 

@@ -97,6 +97,8 @@ class VllmEngine(Engine):
 
     def _model_info(self, llm: AsyncLLM) -> ModelInfo:
         self._collector.max_running = llm.vllm_config.scheduler_config.max_num_seqs
+        cache = llm.vllm_config.cache_config  # its block count comes from the engine core
+        self._collector.kv_cache_tokens = (cache.num_gpu_blocks or 0) * (cache.block_size or 0)
         return ModelInfo(
             id=self.config.model_name,
             max_model_len=llm.model_config.max_model_len,

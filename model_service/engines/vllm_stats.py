@@ -25,6 +25,7 @@ class StatsCollector:
 
     def __init__(self, max_running: int) -> None:
         self.max_running = max_running
+        self.kv_cache_tokens = 0  # the KV cache's capacity, once the engine knows it
         self._lock = threading.Lock()  # record() runs on the loop; stats() may not
         self._running = 0
         self._waiting = 0
@@ -101,5 +102,6 @@ class StatsCollector:
                     "prefix_cache_hits": float(self._prefix_hits),
                     "preemptions": float(self._preemptions),
                     "steps": float(self.steps),
+                    "kv_cache_tokens": float(self.kv_cache_tokens),
                 },
             )

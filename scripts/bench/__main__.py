@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from scripts.bench import modes, selftest
+from scripts.bench import decision, modes, routing, selftest
 from scripts.bench.config import build_parser, config_from_args
 from scripts.bench.fanout import use_uvloop
 
@@ -21,6 +21,10 @@ def main(argv: list[str] | None = None) -> int:
         doc = modes.compare_mode(cfg)
     elif cfg.mode == "overhead":
         doc = modes.overhead_mode(cfg)
+    elif cfg.mode == "decision":
+        doc = decision.decision_mode(cfg)
+    elif cfg.mode == "routing":
+        doc = routing.routing_mode(cfg)
     else:
         doc = modes.run_mode(cfg)
     runs = doc["runs"]

@@ -15,12 +15,14 @@ ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL_DIR = os.environ.get(
     "SLUICE_MODEL_DIR", str(Path.home() / ".cache/sluice/models/SmolLM2-135M-Instruct")
 )
-MODES = ("run", "overhead", "compare", "selftest")
+MODES = ("run", "overhead", "compare", "routing", "decision", "selftest")
 DEFAULT_URL = "http://127.0.0.1:8000"
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 DEFAULT_OUT = ROOT / "scripts" / "results"
 # grpc: the worker directly; sse: through the edge; router: through vllm-router -> edge.
 OVERHEAD_TARGETS = ("grpc", "sse", "router")
+# routing mode (scripts/bench/routing.py): our edge's policies and vllm-router's cache_aware.
+ROUTING_TARGETS = ("cache_aware", "session", "session-key", "least_load", "random", "router")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +48,19 @@ class OverheadConfig:
     edge: str = ""  # an existing edge URL; empty: start one
     sim_ttft_s: float = 0.0
     sim_token_delay_s: float = 0.0
+    worker_args: tuple[str, ...] = ()
+    edge_args: tuple[str, ...] = ()
+    router_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingBenchConfig:
+    """Placement policies side by side on sim workers with prefix caches (routing mode)."""
+
+    targets: tuple[str, ...] = ("cache_aware", "session", "random", "router")
+    workers: int = 4
+    prefill_rate: float = 20_000.0  # sim prompt tokens prefilled per second, per worker
+    kv_tokens: int = 65_536  # sim KV cache per worker, tokens
     worker_args: tuple[str, ...] = ()
     edge_args: tuple[str, ...] = ()
     router_args: tuple[str, ...] = ()
@@ -78,6 +93,7 @@ class BenchConfig:
     output: OutputConfig = field(default_factory=OutputConfig)
     overhead: OverheadConfig = field(default_factory=OverheadConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
+    routing: RoutingBenchConfig = field(default_factory=RoutingBenchConfig)
     rounds: int = 1
     procs: int = 1
     watch: tuple[tuple[str, int], ...] = ()  # extra processes to watch: (label, pid)
@@ -120,6 +136,14 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--no-ignore-eos", action="store_true", help="let the model stop early")
     w.add_argument("--temperature", type=float, default=0.0)
     w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--workload", choices=("single", "multiturn"), default="single",
+                   help="independent prompts, or conversations (conversations.py)")  # fmt: skip
+    w.add_argument("--users", type=int, default=128, help="multiturn: conversations open")
+    w.add_argument("--turns", type=int, default=8, help="multiturn: turns per conversation")
+    w.add_argument("--system-prompts", type=int, default=4, help="multiturn: shared ones")
+    w.add_argument("--system-tokens", type=int, default=256, help="multiturn: words in each")
+    w.add_argument("--session-user", action="store_true",
+                   help="multiturn: the conversation as the OpenAI `user`")  # fmt: skip
     o = p.add_argument_group("overhead mode (sim engine, transport only)")
     o.add_argument("--targets", default="grpc,sse",
                    help="comma-separated: grpc, sse (edge), router (vllm-router+edge)")  # fmt: skip
@@ -131,6 +155,12 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--edge-arg", action="append", default=[], help="extra edge flag")
     o.add_argument("--router-arg", action="append", default=[],
                    help="extra vllm-router flag (default --policy round_robin)")  # fmt: skip
+    r = p.add_argument_group("routing mode (sim workers with prefix caches)")
+    r.add_argument("--routing-targets", default="cache_aware,session,random,router",
+                   help=f"comma-separated, of {', '.join(ROUTING_TARGETS)}")  # fmt: skip
+    r.add_argument("--routing-workers", type=int, default=4)
+    r.add_argument("--sim-prefill-rate", type=float, default=20_000.0, help="tokens/s")
+    r.add_argument("--sim-kv-tokens", type=int, default=65_536, help="per worker")
     c = p.add_argument_group("compare mode")
     c.add_argument("--compare", nargs=2, metavar=("A", "B"),
                    help="sluice | sluice-grpc | vllm | sse:URL | grpc:ADDR")  # fmt: skip
@@ -163,6 +193,10 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
     unknown = [x for x in targets if x not in OVERHEAD_TARGETS]
     if unknown or not targets:
         raise SystemExit(f"--targets: {unknown or a.targets!r}; pick from {OVERHEAD_TARGETS}")
+    routing_targets = tuple(x.strip() for x in a.routing_targets.split(",") if x.strip())
+    bad = [x for x in routing_targets if x not in ROUTING_TARGETS]
+    if bad or not routing_targets:
+        raise SystemExit(f"--routing-targets: {bad or a.routing_targets!r}; of {ROUTING_TARGETS}")
     watch = []
     for item in a.watch_pid:
         label, _, pid = item.rpartition("=")
@@ -199,6 +233,12 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
             temperature=a.temperature,
             api=a.api,
             seed=a.seed,
+            kind=a.workload,
+            users=a.users,
+            turns=a.turns,
+            system_prompts=a.system_prompts,
+            system_tokens=a.system_tokens,
+            session_user=a.session_user,
         ),
         output=OutputConfig(
             out_dir=Path(a.out), name=a.name, plot=not a.no_plot, progress=not a.no_progress
@@ -209,6 +249,15 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
             edge=a.edge,
             sim_ttft_s=a.sim_ttft,
             sim_token_delay_s=a.sim_token_delay,
+            worker_args=tuple(a.worker_arg),
+            edge_args=tuple(a.edge_arg),
+            router_args=tuple(a.router_arg),
+        ),
+        routing=RoutingBenchConfig(
+            targets=routing_targets,
+            workers=max(1, a.routing_workers),
+            prefill_rate=a.sim_prefill_rate,
+            kv_tokens=a.sim_kv_tokens,
             worker_args=tuple(a.worker_arg),
             edge_args=tuple(a.edge_arg),
             router_args=tuple(a.router_arg),

@@ -16,7 +16,7 @@ from typing import Any
 
 from scripts.bench.load import Driver, LoadConfig, LoadResult, run_load
 from scripts.bench.progress import Progress
-from scripts.bench.workload import Workload, WorkloadConfig
+from scripts.bench.workload import WorkloadConfig, make_workload
 
 DriverFactory = Callable[[], Driver]
 BARRIER_TIMEOUT_S = 600.0
@@ -43,7 +43,7 @@ async def run_in_process(
     driver = factory()
     await driver.setup()
     try:
-        return await run_load(driver, Workload(workload, seed_offset), load, progress, ready)
+        return await run_load(driver, make_workload(workload, seed_offset), load, progress, ready)
     finally:
         await driver.close()
 

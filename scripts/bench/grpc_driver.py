@@ -83,7 +83,9 @@ class GrpcDriver:
             ),
             stamp_times=self.stamp,
         )
-        if w.api == "chat":
+        if spec.messages:
+            start.chat.messages.extend(pb.ChatMessage(role=r, content=c) for r, c in spec.messages)
+        elif w.api == "chat":
             start.chat.messages.add(role="user", content=spec.prompt)
         else:
             start.prompt = spec.prompt
@@ -94,6 +96,7 @@ class GrpcDriver:
         rec = RequestRecord(target=self.name)
         msg = self.start_message(spec)
         stamp, frame = self.stamp, GRPC_PREFIX_BYTES + HTTP2_FRAME_HEADER_BYTES
+        collect, text = self.workload.kind == "multiturn", []
         rec.start_ns = time.perf_counter_ns()
         call = next(self._stubs).Generate(iter([msg]), timeout=self.timeout)
         final: pb.Final | None = None
@@ -108,6 +111,8 @@ class GrpcDriver:
                     break
                 if resp.chunk.token_ids or resp.chunk.text:
                     rec.event_ns.append(now)
+                    if collect:
+                        text.append(resp.chunk.text)
                     if not rec.first_ns:
                         rec.first_ns = now
                     if stamp:
@@ -119,6 +124,8 @@ class GrpcDriver:
             return rec.fail("no_final", "the RPC ended without a final message")
         rec.tokens = final.usage.completion_tokens
         rec.prompt_tokens = final.usage.prompt_tokens
+        rec.cached_tokens = final.usage.cached_prompt_tokens
+        rec.text = "".join(text)
         rec.usage_tokens = True
         rec.finish_reason = FINISH_NAMES.get(final.reason, "unspecified")
         if final.reason == pb.FINISH_REASON_ERROR:

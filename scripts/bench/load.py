@@ -20,7 +20,7 @@ from typing import Protocol
 
 from scripts.bench.progress import Progress
 from scripts.bench.record import RequestRecord, refresh_wall_offset
-from scripts.bench.workload import RequestSpec, Workload
+from scripts.bench.workload import RequestSpec, Source
 
 
 class Driver(Protocol):
@@ -85,7 +85,7 @@ class LoadResult:
 
 async def run_load(
     driver: Driver,
-    workload: Workload,
+    workload: Source,
     cfg: LoadConfig,
     progress: Progress,
     ready: Callable[[], Awaitable[None]] | None = None,
@@ -133,13 +133,18 @@ class _Bound:
 
 
 async def _one(
-    driver: Driver, spec: RequestSpec, progress: Progress, out: list[RequestRecord]
+    driver: Driver,
+    workload: Source,
+    spec: RequestSpec,
+    progress: Progress,
+    out: list[RequestRecord],
 ) -> None:
     progress.started()
     try:
         rec = await driver.request(spec)
     except Exception as exc:  # a harness bug must show up as an error, not end the run
         rec = RequestRecord(target=driver.name).fail("harness", f"{type(exc).__name__}: {exc}")
+    workload.done(spec, rec)
     out.append(rec)
     progress.finished(rec)
 
@@ -168,7 +173,7 @@ async def _drain(tasks: set[asyncio.Task[None]], cfg: LoadConfig, bound: _Bound)
 
 async def _closed_loop(
     driver: Driver,
-    workload: Workload,
+    workload: Source,
     cfg: LoadConfig,
     progress: Progress,
     out: list[RequestRecord],
@@ -179,7 +184,7 @@ async def _closed_loop(
         if cfg.ramp > 0 and i:
             await asyncio.sleep(i / cfg.ramp)
         while bound.take():
-            await _one(driver, workload.next(), progress, out)
+            await _one(driver, workload, workload.next(), progress, out)
 
     tasks = {asyncio.create_task(user(i)) for i in range(max(1, cfg.concurrency))}
     cancelled = await _drain(tasks, cfg, bound)
@@ -188,7 +193,7 @@ async def _closed_loop(
 
 async def _open_loop(
     driver: Driver,
-    workload: Workload,
+    workload: Source,
     cfg: LoadConfig,
     progress: Progress,
     out: list[RequestRecord],
@@ -200,10 +205,10 @@ async def _open_loop(
 
     async def arrival(spec: RequestSpec) -> None:
         if slots is None:
-            await _one(driver, spec, progress, out)
+            await _one(driver, workload, spec, progress, out)
             return
         async with slots:
-            await _one(driver, spec, progress, out)
+            await _one(driver, workload, spec, progress, out)
 
     next_ns = time.perf_counter_ns()
     while True:

@@ -8,6 +8,8 @@
   per event and per request (`overhead.py`).
 - `compare`: two targets alternating A, B, A, B... (`rounds`), ratios of their medians;
   `sluice` / `vllm` start our stack and vLLM's own server from one model directory.
+- `routing`: placement policies side by side on sim workers with prefix caches
+  (`routing.py`).
 """
 
 from __future__ import annotations
@@ -38,16 +40,24 @@ from scripts.bench.stacks import (
     start_vllm_worker,
 )
 from scripts.bench.stats import median, summarize
+from scripts.bench.workload import WorkloadConfig
 
 GOALS = {"tokens_per_s_ratio": (">=", 1.0), "ttft_p50_ratio": ("<=", 1.1)}
 
 
-def make_factory(cfg: BenchConfig, kind: str, where: str, label: str, stamp: bool) -> DriverFactory:
-    t = cfg.target
+def make_factory(
+    cfg: BenchConfig,
+    kind: str,
+    where: str,
+    label: str,
+    stamp: bool,
+    workload: WorkloadConfig | None = None,
+) -> DriverFactory:
+    t, w = cfg.target, workload or cfg.workload
     if kind == "grpc":
-        return partial(GrpcDriver, where, cfg.workload, model=t.model, stamp=stamp,
+        return partial(GrpcDriver, where, w, model=t.model, stamp=stamp,
                        channels=t.grpc_channels, timeout=t.timeout_s, label=label)  # fmt: skip
-    return partial(OpenAIDriver, where, cfg.workload, model=t.model, stamp=stamp,
+    return partial(OpenAIDriver, where, w, model=t.model, stamp=stamp,
                    api_key=t.api_key, timeout=t.timeout_s, label=label)  # fmt: skip
 
 

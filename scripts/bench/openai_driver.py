@@ -6,6 +6,11 @@ classified with byte searches; JSON is parsed only for the rare events that need
 (usage, errors, unusual formatting). Asks for `stream_options.include_usage` so token
 counts come from the server; falls back to counting token-bearing events.
 
+Multi-turn workloads need each answer's text (it becomes the next turn's history): with
+`collect`, token events are parsed as JSON and their text kept. Usage's
+`prompt_tokens_details.cached_tokens` and the `x-sluice-worker` response header (our
+edge names the worker that served a request) are recorded when present.
+
 Worker stamps: with `stamp`, requests carry `X-Sluice-Stamp-Times: 1`; an edge that honours
 it puts `"sluice_worker_time_ns": N` (the worker's `worker_time_ns` of the first gRPC
 message merged into the event) into each chunk's JSON, or an SSE comment line
@@ -48,11 +53,14 @@ def parse_url(url: str) -> tuple[str, int, str]:
 class StreamSink:
     """Turns one response's SSE events into a RequestRecord (hot path: bytes only)."""
 
-    __slots__ = ("done_seen", "error", "finish", "marker", "rec", "stamp", "usage")
+    __slots__ = ("collect", "done_seen", "error", "finish", "marker", "parts", "rec", "stamp",
+                 "usage")  # fmt: skip
 
-    def __init__(self, record: RequestRecord, api: str, stamp: bool) -> None:
+    def __init__(self, record: RequestRecord, api: str, stamp: bool, collect: bool = False) -> None:
         self.rec = record
         self.stamp = stamp
+        self.collect = collect
+        self.parts: list[str] = []
         self.marker = b'"content":"' if api == "chat" else b'"text":"'
         self.done_seen = False
         self.usage: dict[str, int] | None = None
@@ -75,6 +83,8 @@ class StreamSink:
                     continue
             if marker in ev and empty not in ev:
                 append(now_ns)
+                if self.collect:
+                    self._keep(ev)
                 if stamp:
                     i = ev.find(STAMP_KEY)
                     if i >= 0:
@@ -85,6 +95,18 @@ class StreamSink:
                 self._other(now_ns, ev)
         if not rec.first_ns and rec.event_ns:
             rec.first_ns = rec.event_ns[0]
+
+    def _keep(self, ev: bytes) -> None:
+        """The text of a token event (multi-turn: the answer is the next turn's history)."""
+        try:
+            obj = orjson.loads(ev[ev.find(b"data: ") + 6 :].split(b"\n", 1)[0])
+        except orjson.JSONDecodeError:
+            return
+        for choice in obj.get("choices") or ():
+            delta = choice.get("delta") or {}
+            text = delta.get("content") if "delta" in choice else choice.get("text")
+            if text:
+                self.parts.append(text)
 
     def _stamp(self, now_ns: int, ev: bytes, at: int = -1) -> None:
         m = _STAMP_RE.match(ev, at + len(STAMP_KEY)) if at >= 0 else _STAMP_RE_ANY.search(ev)
@@ -154,6 +176,8 @@ class StreamSink:
             text = delta.get("content") if "delta" in choice else choice.get("text")
             if text:  # a token event whose JSON had spaces: count it here
                 self.rec.event_ns.append(now_ns)
+                if self.collect:
+                    self.parts.append(text)
                 if not self.rec.first_ns:
                     self.rec.first_ns = now_ns
                 if self.stamp and STAMP_KEY in ev:
@@ -197,6 +221,7 @@ class OpenAIDriver:
         if stamp:
             headers.append(f"{STAMP_HEADER}: 1")
         self._head = ("\r\n".join(headers) + "\r\nContent-Length: ").encode()
+        self._collect = workload.kind == "multiturn"
 
     async def setup(self) -> None:
         """Find the served model's name when none was given."""
@@ -221,7 +246,11 @@ class OpenAIDriver:
         }
         if w.ignore_eos:
             body["ignore_eos"] = True
-        if w.api == "chat":
+        if spec.messages:
+            body["messages"] = [{"role": r, "content": c} for r, c in spec.messages]
+            if w.session_user:
+                body["user"] = f"conversation-{spec.conversation}"
+        elif w.api == "chat":
             body["messages"] = [{"role": "user", "content": spec.prompt}]
         else:
             body["prompt"] = spec.prompt
@@ -231,7 +260,8 @@ class OpenAIDriver:
         body = self.body(spec)
         raw = self._head + str(len(body)).encode() + b"\r\n\r\n" + body
         rec = RequestRecord(target=self.name)
-        sink = StreamSink(rec, self.workload.api, self.stamp)
+        sink = StreamSink(rec, "chat" if spec.messages else self.workload.api, self.stamp,
+                          self._collect)  # fmt: skip
 
         def started(t: int) -> None:
             rec.start_ns = t
@@ -249,6 +279,7 @@ class OpenAIDriver:
         rec.end_ns = time.perf_counter_ns()
         rec.rx_bytes = rx
         rec.rx_payload_bytes = parser.body_bytes
+        rec.worker = parser.headers.get(b"x-sluice-worker", b"").decode()
         if parser.status != 200:
             return rec.fail(f"http_{parser.status}", parser.error_body.decode(errors="replace"))
         return finish_record(rec, sink)
@@ -257,9 +288,13 @@ class OpenAIDriver:
 def finish_record(rec: RequestRecord, sink: StreamSink) -> RequestRecord:
     """Token count, finish reason and the error kind once the response has ended."""
     rec.finish_reason = sink.finish
+    rec.text = "".join(sink.parts)
     if sink.usage is not None:
         rec.tokens = int(sink.usage.get("completion_tokens") or 0)
         rec.prompt_tokens = int(sink.usage.get("prompt_tokens") or 0)
+        details = sink.usage.get("prompt_tokens_details")
+        if isinstance(details, dict):
+            rec.cached_tokens = int(details.get("cached_tokens") or 0)
         rec.usage_tokens = True
     else:
         rec.tokens = len(rec.event_ns)

@@ -33,6 +33,9 @@ class RequestRecord:
     tokens: int = 0  # completion tokens: from usage when reported, else token events
     usage_tokens: bool = False  # whether `tokens` came from the server's usage
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens served from a prefix cache (usage), if reported
+    worker: str = ""  # the worker that served it, when the server names it (x-sluice-worker)
+    text: str = ""  # the answer, when the driver keeps it (multi-turn workloads)
     rx_bytes: int = 0  # bytes received (SSE: on the socket; gRPC: framed message estimate)
     rx_payload_bytes: int = 0  # SSE: `data:` payload bytes; gRPC: serialized messages
     finish_reason: str = ""

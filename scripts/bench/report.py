@@ -97,6 +97,7 @@ def run_table(runs: list[dict]) -> str:
     rows += _dist_rows(runs, "stamp_latency_ms", "worker→client")
     rows += [
         ("tokens/request (p50)", [r["tokens_per_request"].get("p50") for r in runs]),
+        ("prefix-cache hit rate", [r.get("prefix_cache", {}).get("hit_rate") for r in runs]),
         ("tokens/event", [r["tokens_per_event"] for r in runs]),
         ("rx bytes/token", [r["wire"]["rx_bytes_per_token"] for r in runs]),
         ("payload bytes/token", [r["wire"]["payload_bytes_per_token"] for r in runs]),
@@ -128,7 +129,8 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         run_table(doc["runs"]),
     ]
-    for key, title in (("overhead", "overhead"), ("comparison", "comparison")):
+    for key, title in (("overhead", "overhead"), ("comparison", "comparison"),
+                       ("routing", "routing")):  # fmt: skip
         if doc.get(key):
             parts += ["", kv_table(title, doc[key])]
     if (doc.get("overhead") or {}).get("cpu"):

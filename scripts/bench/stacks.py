@@ -194,15 +194,23 @@ def start_vllm_worker(model_dir: str, engine: EngineSettings, timeout: float = 9
     return start_worker(args, "vllm-worker", timeout)
 
 
-def start_edge(worker_address: str, extra: list[str], timeout: float = 60.0) -> Proc:
-    """`python -m edge --worker ADDR` on a free port, waited until it lists the model."""
+def start_edge(
+    worker_address: str | list[str],
+    extra: list[str],
+    timeout: float = 60.0,
+    name: str = "edge",
+    env: dict[str, str] | None = None,
+) -> Proc:
+    """`python -m edge --worker ADDR...` on a free port, waited until it lists the model."""
     if not (ROOT / "edge" / "__main__.py").exists():
         raise RuntimeError("edge/__main__.py does not exist yet: no edge to start")
     port_file = Path(tempfile.mkdtemp(prefix="sluice-bench-port-")) / "port"
+    workers = [worker_address] if isinstance(worker_address, str) else worker_address
     proc = _spawn(
-        "edge",
-        [sys.executable, "-m", "edge", "--worker", worker_address, "--host", "127.0.0.1",
+        name,
+        [sys.executable, "-m", "edge", *(f"--worker={w}" for w in workers), "--host", "127.0.0.1",
          "--port", "0", "--port-file", str(port_file), *extra],
+        env,
     )  # fmt: skip
     _wait(proc, lambda: _port_file_ready(proc, port_file), timeout)
     return _wait(proc, lambda: _models_ready(proc.port), timeout)
@@ -231,8 +239,11 @@ def start_vllm_server(model_dir: str, engine: EngineSettings, timeout: float = 9
 ROUTER_DEFAULT_ARGS = ("--policy", "round_robin")
 
 
-def router_binary() -> str:
-    """The `vllm-router` console script: beside this Python first, then on PATH."""
+def router_binary() -> list[str]:
+    """The `vllm-router` console script (beside this Python first, then on PATH), as argv.
+
+    A Python script is run by this interpreter: its `#!` line names the Python of the
+    environment it was installed from, which a copied or moved environment no longer has."""
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     found = shutil.which("vllm-router", path=path)
     if not found:
@@ -240,18 +251,21 @@ def router_binary() -> str:
             "vllm-router is not installed: `make bench` installs it, or "
             "`.venv/bin/python -m pip install -e '.[bench]'`"
         )
-    return found
+    with open(found, "rb") as f:
+        head = f.readline()
+    return [sys.executable, found] if head.startswith(b"#!") and b"python" in head else [found]
 
 
-def start_vllm_router(edge_url: str, extra: list[str], timeout: float = 60.0) -> Proc:
-    """`vllm-router --worker-urls EDGE` on a free port, waited until it lists the model.
+def start_vllm_router(edge_url: str | list[str], extra: list[str], timeout: float = 60.0) -> Proc:
+    """`vllm-router --worker-urls EDGE...` on a free port, waited until it lists the model.
 
-    At start it polls `/health` on the backend before it listens (the edge serves it);
+    At start it polls `/health` on each backend before it listens (the edge serves it);
     `--health-check-endpoint` only sets what it polls afterwards."""
     port, metrics_port = free_port(), free_port()
+    urls = [edge_url] if isinstance(edge_url, str) else edge_url
     proc = _spawn(
         "vllm-router",
-        [router_binary(), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", edge_url,
+        [*router_binary(), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls,
          "--health-check-endpoint", "/healthz", "--worker-startup-check-interval", "1",
          "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
          *ROUTER_DEFAULT_ARGS, *extra],

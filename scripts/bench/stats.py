@@ -96,6 +96,9 @@ def summarize(result: LoadResult) -> dict[str, Any]:
             samples[r.error] = r.error_detail
     rx = sum(r.rx_bytes for r in ok)
     payload = sum(r.rx_payload_bytes for r in ok)
+    prompt_tokens = sum(r.prompt_tokens for r in ok)
+    cached = sum(r.cached_tokens for r in ok)
+    by_worker = Counter(r.worker for r in ok if r.worker)
     return {
         "label": result.label,
         "requests": {
@@ -119,6 +122,12 @@ def summarize(result: LoadResult) -> dict[str, Any]:
         "e2e_ms": distribution([r.e2e_ns for r in ok]),
         "stamp_latency_ms": distribution(stamps),
         "tokens_per_request": distribution([r.tokens for r in ok], scale=1.0),
+        "prefix_cache": {
+            "prompt_tokens": prompt_tokens,
+            "cached_tokens": cached,
+            "hit_rate": round(cached / prompt_tokens, 4) if prompt_tokens else None,
+        },
+        "served_by": dict(sorted(by_worker.items())),
         "wire": {
             "rx_bytes": rx,
             "rx_bytes_per_token": round(rx / tokens, 2) if tokens else 0,

@@ -3,12 +3,19 @@
 Prompts are random common English words (about one token each for BPE tokenizers and
 exactly one for the sim engine's word tokenizer), different for every request so a prefix
 cache cannot make them free. Lengths are uniform in `mean * (1 +- spread)`.
+
+`kind = "multiturn"` is the other workload: conversations whose prompts grow turn by turn
+(`conversations.py`); `make_workload` picks the one a config asks for.
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from scripts.bench.record import RequestRecord
 
 WORDS: tuple[str, ...] = tuple(
     "the of and to in is it you that he was for on are with as his they be at one have "
@@ -37,6 +44,12 @@ class WorkloadConfig:
     temperature: float = 0.0
     api: str = "chat"  # "chat" (messages) or "completions" (raw prompt)
     seed: int = 0
+    kind: str = "single"  # "single" (independent prompts) or "multiturn" (conversations)
+    users: int = 128  # multiturn: conversations open at once
+    turns: int = 8  # multiturn: turns per conversation
+    system_prompts: int = 4  # multiturn: distinct shared system prompts
+    system_tokens: int = 256  # multiturn: words in each system prompt
+    session_user: bool = False  # multiturn: send the conversation as the OpenAI `user`
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +59,9 @@ class RequestSpec:
     prompt: str
     prompt_words: int
     max_tokens: int
+    messages: tuple[tuple[str, str], ...] = ()  # chat history (multiturn); else `prompt`
+    conversation: int = -1
+    turn: int = 0
 
 
 def _length(rng: random.Random, mean: int, spread: float) -> int:
@@ -68,3 +84,23 @@ class Workload:
         n = _length(rng, cfg.prompt_tokens, cfg.prompt_spread)
         prompt = " ".join(rng.choices(WORDS, k=n))
         return RequestSpec(prompt, n, _length(rng, cfg.output_tokens, cfg.output_spread))
+
+    def done(self, spec: RequestSpec, rec: RequestRecord) -> None:
+        """Independent requests: nothing to learn from an answer."""
+
+
+class Source(Protocol):
+    """Where a run's requests come from."""
+
+    def next(self) -> RequestSpec: ...
+
+    def done(self, spec: RequestSpec, rec: RequestRecord) -> None: ...
+
+
+def make_workload(config: WorkloadConfig, seed_offset: int = 0) -> Source:
+    """The request source a config asks for."""
+    if config.kind == "multiturn":
+        from scripts.bench.conversations import Conversations
+
+        return Conversations(config, seed_offset)
+    return Workload(config, seed_offset)

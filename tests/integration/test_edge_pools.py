@@ -149,7 +149,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         for p in procs:
             wait_serving(p.address)
         env = {**EDGE_ENV, "SLUICE_ADMIN_KEY": ADMIN_KEY}
-        edge_args = ("--pools", str(pools), "--retry-budget", "3", "--stats-interval", "0.5")
+        edge_args = ("--pools", str(pools), "--retry-budget", "3", "--load-interval", "0.5")
         edge = start_edge(*edge_args, env=env)
         fleet = Fleet(edge, dict(zip(addresses, procs, strict=True)), {})
         fleet.pids = {a: p.pid for a, p in fleet.procs.items()}

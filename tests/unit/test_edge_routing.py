@@ -11,7 +11,6 @@ from edge.upstream.routing import (
     hash64,
     hrw,
     hrw_order,
-    session_key,
     two_choices,
     weighted_hrw,
     weighted_random,
@@ -23,16 +22,6 @@ WORKERS = [f"10.0.0.{i}:50051" for i in range(1, 6)]
 
 def ident(x: str) -> str:
     return x
-
-
-def test_session_key_order_header_cookie_user() -> None:
-    assert session_key({"x-session-id": "h"}, {"sluice_session": "c"}, "u") == "h"
-    assert session_key({}, {"sluice_session": "c"}, "u") == "c"
-    assert session_key({}, {}, "u") == "u"
-    assert session_key({}, {}, None) == ""
-    # Blank values do not count: the next source decides.
-    assert session_key({"x-session-id": "  "}, {"sluice_session": ""}, "u") == "u"
-    assert len(session_key({"x-session-id": "k" * 1000}, {}, None)) == 256
 
 
 def test_hash_is_stable_across_processes() -> None:

@@ -23,6 +23,8 @@ FORBIDDEN = {
     "stream": {"model_service.servicer"} | BOOTSTRAP,
     "servicer": BOOTSTRAP,
     "engines/sim": {"model_service.core", "model_service.generation"} | RPC | BOOTSTRAP,
+    "engines/sim_cache": {"model_service.core", "model_service.generation"} | RPC | BOOTSTRAP,
+    "load": RPC | BOOTSTRAP,
 }
 
 

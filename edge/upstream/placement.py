@@ -1,0 +1,120 @@
+"""Worker choice within one pool: the pool's policy, and what `cache_aware` remembers.
+
+A request with a session key goes to its rendezvous worker whatever the policy (session
+affinity, `edge.upstream.routing.hrw`). Without one, the pool's policy decides:
+
+| policy | worker |
+| --- | --- |
+| `session` | the less loaded of two random workers (the edge's choice before policies) |
+| `least_load` | the least loaded |
+| `random` | any, uniformly |
+| `cache_aware` | the best `routing.cache_aware` score: expected hit minus load |
+
+`cache_aware`'s expected hit comes from the pool's `PrefixIndex`; its score has a
+balance threshold (a hot prefix spreads when its worker is far busier than the rest).
+
+Load is `Worker.load`: the worker's last load push plus this edge's calls since. A
+`cache_aware` pool adds every request's prompt blocks to its index for the worker chosen
+(keyed requests too, so keyless ones sharing their prefix find it), holding per worker
+about as many blocks as its KV cache has room for.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from edge.config import RoutingConfig
+from edge.obs.prom import Exposition, labels
+from edge.upstream.prefix import CHARS_PER_TOKEN, INDEX_HEADROOM, PrefixIndex, Prompt
+from edge.upstream.routing import CacheAware, cache_aware, hrw, least_loaded, two_choices
+from edge.upstream.worker import Worker
+
+
+class Placement:
+    """One pool's worker choice (module docstring)."""
+
+    def __init__(
+        self,
+        policy: str = "",
+        opts: RoutingConfig | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.own_policy = policy  # "": the edge's --routing-policy
+        self.opts = opts or RoutingConfig()
+        self._rng = rng or random.Random()
+        o = self.opts
+        self._params = CacheAware(o.cache_load_weight, o.cache_balance_abs, o.cache_balance_rel)
+        self.index = PrefixIndex()
+        self.decisions: dict[str, int] = {}  # cache_aware picks by reason
+
+    @property
+    def policy(self) -> str:
+        return self.own_policy or self.opts.policy
+
+    def choose(self, workers: Sequence[Worker], key: str, prompt: Prompt | None) -> Worker:
+        """The worker for a new generation among `workers` (candidates, not empty)."""
+        policy = self.policy
+        blocks: list[int] = []
+        if policy == "cache_aware" and prompt is not None:
+            blocks = prompt.blocks(self.opts.prefix_block_chars)
+        if key:
+            worker = hrw(key, workers, lambda w: w.address)
+        elif policy == "cache_aware":
+            hits = self.index.match(blocks, [(w.key, w.epoch) for w in workers])
+            loads = [w.load for w in workers]
+            i, reason = cache_aware(hits, len(blocks), loads, self._params, self._rng)
+            self.decisions[reason] = self.decisions.get(reason, 0) + 1
+            worker = workers[i]
+        elif policy == "least_load":
+            worker = workers[least_loaded([w.load for w in workers], self._rng)]
+        elif policy == "random":
+            worker = self._rng.choice(workers)
+        else:
+            worker = two_choices(workers, lambda w: w.load, self._rng)
+        if blocks:
+            self.index.add(blocks, worker.key, worker.epoch, self.capacity(worker))
+        return worker
+
+    def capacity(self, worker: Worker) -> int:
+        """Blocks the index holds for `worker`: about its KV cache in characters, when known
+        (`prefix.INDEX_HEADROOM`)."""
+        tokens = worker.kv_cache_tokens()
+        if not tokens:
+            return self.opts.prefix_index_blocks
+        chars = tokens * CHARS_PER_TOKEN * INDEX_HEADROOM
+        return max(1, chars // self.opts.prefix_block_chars)
+
+    def forget(self, worker: Worker) -> None:
+        """`worker` left the pool."""
+        self.index.forget(worker.key)
+
+
+def expose(
+    out: Exposition, pools: Sequence[tuple[str, Placement]], workers: Sequence[Worker]
+) -> None:
+    """The placement lines of the edge's /metrics: worker load as routing sees it, pushed
+    hit rates, and cache_aware decisions by reason."""
+    lbls = [(labels(pool=w.pool, worker=w.address, id=w.key), w) for w in workers]
+    out.family(
+        "sluice_edge_worker_load",
+        "gauge",
+        "Generations on a worker as this edge knows: its last load push + this edge's since.",
+        [(lbl, w.load) for lbl, w in lbls],
+    )
+    out.family(
+        "sluice_edge_worker_prefix_cache_hit_ratio",
+        "gauge",
+        "Prompt tokens served from the worker's prefix cache, recent (from its load push).",
+        [(lbl, w.reported.prefix_cache_hit_rate) for lbl, w in lbls if w.reported is not None],
+    )
+    out.family(
+        "sluice_edge_pool_cache_aware_decisions_total",
+        "counter",
+        "cache_aware picks by reason: cache (a hit decided), load, balance (the threshold).",
+        [
+            (labels(pool=name, reason=reason), n)
+            for name, p in pools
+            for reason, n in sorted(p.decisions.items())
+        ],
+    )

@@ -1,0 +1,219 @@
+"""Which worker recently served which prompt prefix: an approximate, bounded index.
+
+A worker's prefix cache keeps the KV of prompts it prefilled, in token blocks, and evicts
+the least recently used ones. The edge cannot see tokens, so it mirrors that in text:
+
+- A request's *blocks* (`Prompt.blocks`): its chat messages (role and content, in
+  order) or its raw prompt, cut into pieces of about `block_chars` characters (messages
+  are gathered into a block until it is full, a long one is cut across blocks), each
+  named by a hash chained over every piece before it. Where a block ends depends only on
+  what precedes it, so a conversation's next turn (the same messages plus new ones)
+  shares every full block of the last one; a change anywhere changes every block after
+  it. The last, partial piece counts as a block too (identical short prompts match).
+- `PrefixIndex` (one per pool) holds, for each block hash, the set of workers that
+  were sent it (a bit mask: one bit per worker), and for each worker its blocks in least
+  recently used order, capped at that worker's capacity (its KV cache size, when the
+  worker reports it, converted at `CHARS_PER_TOKEN`, times `INDEX_HEADROOM`). Sending a
+  request to a worker adds or refreshes all its blocks there; past the cap the oldest
+  go, as in the worker.
+- `match()` walks a request's blocks once and returns, per candidate worker, how many
+  leading blocks it holds: O(blocks + workers), whatever the index's size.
+- A worker that restarted lost its cache: it comes back with a new `epoch`, and the
+  index forgets everything it held under the old one (its bit is then reused).
+
+It is approximate by design: hashes of text, not tokens; a worker may have evicted
+sooner (other edges' traffic, running requests' KV) or differently. Routing uses it as
+an expected hit, never as a promise.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+CHARS_PER_TOKEN = 4  # English text in BPE tokens: for sizing a worker's share of the index
+# The index holds up to this many times the estimate: forgetting too late costs a miss on a
+# worker that already evicted the prefix; forgetting too early moves a conversation off
+# the worker that still holds it (a miss there, and a second copy elsewhere).
+INDEX_HEADROOM = 2
+# About 256 tokens: fine enough for where a prompt's reuse ends, coarse enough that a
+# 32,000-character conversation is 32 blocks to hash, look up and refresh.
+DEFAULT_BLOCK_CHARS = 1024
+
+
+class Prompt:
+    """A request's input, with its blocks computed on first use only (then kept)."""
+
+    __slots__ = ("_blocks", "_size", "messages", "prompt")
+
+    def __init__(
+        self, messages: Sequence[tuple[str, str]] | None = None, prompt: str | None = None
+    ) -> None:
+        self.messages = messages
+        self.prompt = prompt
+        self._blocks: list[int] | None = None
+        self._size = 0
+
+    def blocks(self, block_chars: int = DEFAULT_BLOCK_CHARS) -> list[int]:
+        """The chained hash of each block of the input (module docstring)."""
+        if self._blocks is None or self._size != block_chars:
+            if self.messages is not None:
+                self._blocks = message_hashes(self.messages, block_chars)
+            else:
+                self._blocks = block_hashes(self.prompt or "", block_chars)
+            self._size = block_chars
+        return self._blocks
+
+
+def block_hashes(text: str, block_chars: int) -> list[int]:
+    """Chained hashes of `text` in pieces of `block_chars` (the last may be shorter).
+
+    Python's string hash is salted per process: the index is this process's own, so the
+    hashes need only agree within it.
+    """
+    out: list[int] = []
+    h = 0
+    for start in range(0, len(text), block_chars):
+        h = hash((h, text[start : start + block_chars]))
+        out.append(h)
+    return out
+
+
+def message_hashes(messages: Sequence[tuple[str, str]], block_chars: int) -> list[int]:
+    """Chained hashes of chat messages gathered into blocks of about `block_chars`.
+
+    A block is a tuple of the previous block's hash and the roles and contents (or slices
+    of a long content) it holds: nothing is joined or copied for messages that fit, and
+    each content string's hash is computed once (Python caches it in the string).
+    """
+    out: list[int] = []
+    parts: list[object] = [0]
+    size = 0
+    for role, content in messages:
+        parts.append(role)
+        n = len(content)
+        if size + n < block_chars:
+            parts.append(content)
+            size += n + 1  # the role counts as one character
+            continue
+        start = 0
+        while size + n - start >= block_chars:
+            take = block_chars - size
+            parts.append(content[start : start + take])
+            start += take
+            h = hash(tuple(parts))
+            out.append(h)
+            parts, size = [h], 0
+        if start < n:
+            parts.append(content[start:])
+            size += n - start
+    if len(parts) > 1:
+        out.append(hash(tuple(parts)))
+    return out
+
+
+@dataclass(eq=False, slots=True)
+class _Holder:
+    """One worker's place in the index."""
+
+    bit: int
+    epoch: int
+    blocks: OrderedDict[int, None] = field(default_factory=OrderedDict)  # oldest first
+
+
+class PrefixIndex:
+    """See the module docstring."""
+
+    def __init__(self) -> None:
+        self._holders: dict[int, int] = {}  # block hash -> bit mask of workers holding it
+        self._workers: dict[str, _Holder] = {}  # by worker key
+        self._free_bits: list[int] = []
+        self._next_bit = 0
+
+    def __len__(self) -> int:
+        """Distinct blocks held by any worker."""
+        return len(self._holders)
+
+    def held(self, worker: str) -> int:
+        """Blocks the index holds for a worker."""
+        holder = self._workers.get(worker)
+        return len(holder.blocks) if holder is not None else 0
+
+    def _holder(self, worker: str, epoch: int) -> _Holder | None:
+        holder = self._workers.get(worker)
+        if holder is not None and holder.epoch != epoch:
+            self.forget(worker)  # restarted since: its cache is empty
+            return None
+        return holder
+
+    def match(self, blocks: Sequence[int], workers: Sequence[tuple[str, int]]) -> list[int]:
+        """For each (worker key, epoch): how many of `blocks`, from the first, it holds."""
+        bits = []
+        live = 0
+        known = self._workers
+        for key, epoch in workers:
+            holder = known.get(key)
+            if holder is not None and holder.epoch != epoch:
+                holder = self._holder(key, epoch)  # restarted: forgotten (None)
+            bit = holder.bit if holder is not None else 0
+            bits.append(bit)
+            live |= bit
+        if not live:
+            return [0] * len(bits)
+        found: dict[int, int] = {}
+        holders = self._holders
+        n = 0
+        for h in blocks:
+            held = holders.get(h, 0) & live
+            if held != live:
+                gone = live & ~held
+                while gone:
+                    low = gone & -gone
+                    found[low] = n
+                    gone ^= low
+                live = held
+                if not live:
+                    break
+            n += 1
+        return [found.get(bit, n) if bit else 0 for bit in bits]
+
+    def add(self, blocks: Sequence[int], worker: str, epoch: int, capacity: int) -> None:
+        """`worker` was sent these blocks: hold (or refresh) them, oldest evicted past
+        `capacity` blocks."""
+        holder = self._holder(worker, epoch)
+        if holder is None:
+            holder = self._workers[worker] = _Holder(self._take_bit(), epoch)
+        bit, mine, holders = holder.bit, holder.blocks, self._holders
+        for h in blocks:
+            if h in mine:
+                mine.move_to_end(h)
+            else:
+                mine[h] = None
+                holders[h] = holders.get(h, 0) | bit
+        while len(mine) > max(0, capacity):
+            h, _ = mine.popitem(last=False)
+            self._drop(h, bit)
+
+    def forget(self, worker: str) -> None:
+        """Everything `worker` held (it restarted, or left the pool)."""
+        holder = self._workers.pop(worker, None)
+        if holder is None:
+            return
+        for h in holder.blocks:
+            self._drop(h, holder.bit)
+        self._free_bits.append(holder.bit)
+
+    def _drop(self, h: int, bit: int) -> None:
+        rest = self._holders.get(h, 0) & ~bit
+        if rest:
+            self._holders[h] = rest
+        else:
+            self._holders.pop(h, None)
+
+    def _take_bit(self) -> int:
+        if self._free_bits:
+            return self._free_bits.pop()
+        bit = 1 << self._next_bit
+        self._next_bit += 1
+        return bit
