@@ -30,6 +30,8 @@ from edge.security.limits import LimitsMiddleware
 from edge.upstream import canary
 from edge.upstream.channel import ChannelFactory, channel_options
 from edge.upstream.registry import registry_from_config
+from edge.upstream.rollouts import Rollouts
+from edge.upstream.sessions import MemoryStore, Pinning
 
 log = logging.getLogger("sluice.edge")
 
@@ -56,9 +58,17 @@ def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         registry = state.registry = registry_from_config(config.routing, factory)
-        state.metrics.extra = [registry.render_metrics]
+        store = MemoryStore(config.session.ttl_s, config.session.store_max)
+        pinning = state.pinning = Pinning(registry, store)
+        rollouts = state.rollouts = Rollouts(registry)
+        state.metrics.extra = [
+            registry.render_metrics,
+            pinning.render_metrics,
+            rollouts.render_metrics,
+        ]
         registry.start()
         registry.spawn(canary.watch(registry), "canary watch")
+        registry.spawn(rollouts.watch(), "rollouts watch")
         try:
             yield
         finally:

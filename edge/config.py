@@ -4,6 +4,7 @@
       server      listening socket, processes, drain, logs
       stream      SSE framing, heartbeats, deadlines, resume
       routing     pools, retries, continuation, passive health
+      session     the sticky session cookie and the pinning store
       security    API keys, limits, CORS
       worker_tls  TLS / mTLS towards the workers
 
@@ -126,6 +127,32 @@ class RoutingConfig:
 
 
 @dataclass(slots=True)
+class SessionConfig:
+    """The sticky session (`edge.api.affinity`): a signed cookie for clients without a key,
+    and how long a session keeps its pool (cookie lifetime = pinning store lifetime)."""
+
+    cookie: str = option("sluice_session", "--session-cookie", "cookie name ('': issue none)")
+    ttl_s: float = option(7200.0, "--session-ttl", "session lifetime, s (cookie and store)")
+    domain: str = option("", "--session-cookie-domain", "cookie Domain ('': this host)")
+    path: str = option("/", "--session-cookie-path", "cookie Path")
+    secure: bool = option(
+        False, "--session-cookie-secure", "mark the cookie Secure (HTTPS only)", action="store_true"
+    )
+    httponly: bool = option(
+        True,
+        "--session-cookie-httponly",
+        "mark the cookie HttpOnly",
+        action=argparse.BooleanOptionalAction,
+    )
+    samesite: str = option(
+        "lax", "--session-cookie-samesite", "cookie SameSite", choices=("lax", "strict", "none")
+    )
+    store_max: int = option(
+        1_000_000, "--session-store-max", "sessions the in-process store keeps at most"
+    )
+
+
+@dataclass(slots=True)
 class SecurityConfig:
     api_keys_file: str = option(
         "", "--api-keys-file", "API keys, one per line (also $SLUICE_API_KEYS); none: auth off"
@@ -160,6 +187,7 @@ class EdgeConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     stream: StreamConfig = field(default_factory=StreamConfig)
     routing: RoutingConfig = field(default_factory=RoutingConfig)
+    session: SessionConfig = field(default_factory=SessionConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
     worker_tls: WorkerTLSConfig = field(default_factory=WorkerTLSConfig)
 
@@ -180,6 +208,7 @@ SECTIONS: dict[str, Any] = {
     "server": ServerConfig,
     "stream": StreamConfig,
     "routing": RoutingConfig,
+    "session": SessionConfig,
     "security": SecurityConfig,
     "worker_tls": WorkerTLSConfig,
 }
@@ -235,6 +264,10 @@ def check(config: EdgeConfig) -> None:
         raise SystemExit("limits must be >= 0")
     if sec.max_prompt_chars < 0:
         raise SystemExit("--max-prompt-chars must be >= 0")
+    if config.session.ttl_s <= 0 or config.session.store_max < 1:
+        raise SystemExit("--session-ttl must be positive, --session-store-max at least 1")
+    if config.session.samesite == "none" and not config.session.secure:
+        raise SystemExit("--session-cookie-samesite none needs --session-cookie-secure")
 
 
 def resume_secret(path: str) -> str:

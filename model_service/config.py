@@ -18,6 +18,9 @@ class SimOptions:
     startup_s: float = 0.0  # simulated weight-loading time (worker NOT_SERVING meanwhile)
     answer_tokens: int = 48  # natural answer length before end-of-sequence
     kv_cache_tokens: int = 262_144  # KV budget in tokens
+    # Faults injected at runtime (tests, rollout benchmarks): a JSON file re-read when it
+    # changes, see `model_service.engines.sim.Faults`. "" = none.
+    fault_file: str = ""
 
 
 @dataclass(slots=True)
@@ -194,6 +197,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sim-answer-tokens", type=int, default=d.engine.sim.answer_tokens)
     p.add_argument("--sim-kv-tokens", type=int, default=d.engine.sim.kv_cache_tokens)
     p.add_argument(
+        "--sim-fault-file",
+        default="",
+        help='JSON faults re-read on change: {"error_rate", "error_after_tokens", "ttft_s"}',
+    )
+    p.add_argument(
         "--gpu-memory-utilization", type=float, default=d.engine.vllm.gpu_memory_utilization
     )
     p.add_argument("--kv-cache-space-gb", type=float, default=None)
@@ -244,6 +252,7 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
             startup_s=args.sim_startup,
             answer_tokens=args.sim_answer_tokens,
             kv_cache_tokens=args.sim_kv_tokens,
+            fault_file=args.sim_fault_file,
         ),
         vllm=VllmOptions(
             gpu_memory_utilization=args.gpu_memory_utilization,

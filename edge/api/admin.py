@@ -1,4 +1,4 @@
-"""The admin HTTP API: pools, weights and workers at runtime.
+"""The admin HTTP API: pools, weights, workers and rollout plans at runtime.
 
 Off unless a key is configured (`--admin-key` or `$SLUICE_ADMIN_KEY`): the bootstrap then
 does not install these routes, so they answer 404 as if they did not exist. The key
@@ -13,12 +13,18 @@ Changes apply to new requests at once and never move an in-flight stream.
     PUT    /admin/pools/{name}/weight            {"weight": 5}
     POST   /admin/pools/{name}/workers           {"address": "host:port"}
     DELETE /admin/pools/{name}/workers/{worker}  by address or id (its streams finish)
+    POST   /admin/pools/{name}/drain             no new sessions; pinned ones move on
+    GET    /admin/rollouts                       the active rollout, all kept, histories
+    POST   /admin/rollouts                       a plan (`edge.upstream.plans`): started
+    GET    /admin/rollouts/{id}                  one rollout
+    POST   /admin/rollouts/{id}/{action}         pause, resume, abort
 
 State is per edge process: with `--processes N` > 1 each process has its own.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import orjson
@@ -27,8 +33,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from edge.errors import ApiError, error_response
+from edge.upstream.plans import parse_plan
 from edge.upstream.pools import PoolConfigError, parse_pool, parse_weight
 from edge.upstream.registry import PoolRegistry
+from edge.upstream.rollouts import Rollouts
 
 MAX_ADMIN_BODY = 64 * 1024
 
@@ -112,6 +120,47 @@ async def remove_worker(request: Request, registry: PoolRegistry) -> Response:
     return _json(worker.describe())
 
 
+async def drain_pool(request: Request, registry: PoolRegistry) -> Response:
+    name = request.path_params["name"]
+    registry.drain(name)
+    return _json(_one(registry, name))
+
+
+def _rollouts(request: Request) -> Rollouts:
+    rollouts: Rollouts | None = request.app.state.edge.rollouts
+    if rollouts is None:
+        raise ApiError(503, "the edge is starting", code="unavailable")
+    return rollouts
+
+
+async def list_rollouts(request: Request, registry: PoolRegistry) -> Response:
+    return _json(_rollouts(request).describe())
+
+
+async def start_rollout(request: Request, registry: PoolRegistry) -> Response:
+    plan = parse_plan(await _body(request))
+    return _json(_rollouts(request).start(plan).describe(), 201)
+
+
+async def get_rollout(request: Request, registry: PoolRegistry) -> Response:
+    return _json(_rollouts(request).get(request.path_params["rid"]).describe())
+
+
+async def act_on_rollout(request: Request, registry: PoolRegistry) -> Response:
+    rollout = _rollouts(request).get(request.path_params["rid"])
+    action = request.path_params["action"]
+    now = time.monotonic()
+    if action == "pause":
+        rollout.pause(now)
+    elif action == "resume":
+        rollout.resume(now)
+    elif action == "abort":
+        rollout.abort(now)
+    else:
+        raise ApiError(404, f"no rollout action {action!r}: pause, resume, abort", code="no_action")
+    return _json(rollout.describe())
+
+
 ROUTES = [
     Route("/admin/pools", _admin(list_pools), methods=["GET"]),
     Route("/admin/pools", _admin(create_pool), methods=["POST"]),
@@ -120,4 +169,9 @@ ROUTES = [
     Route("/admin/pools/{name}/weight", _admin(set_weight), methods=["PUT"]),
     Route("/admin/pools/{name}/workers", _admin(add_worker), methods=["POST"]),
     Route("/admin/pools/{name}/workers/{worker}", _admin(remove_worker), methods=["DELETE"]),
+    Route("/admin/pools/{name}/drain", _admin(drain_pool), methods=["POST"]),
+    Route("/admin/rollouts", _admin(list_rollouts), methods=["GET"]),
+    Route("/admin/rollouts", _admin(start_rollout), methods=["POST"]),
+    Route("/admin/rollouts/{rid}", _admin(get_rollout), methods=["GET"]),
+    Route("/admin/rollouts/{rid}/{action}", _admin(act_on_rollout), methods=["POST"]),
 ]

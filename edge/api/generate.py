@@ -20,6 +20,7 @@ import grpc
 from starlette.requests import Request
 from starlette.responses import Response
 
+from edge.api import affinity
 from edge.api.formats import make_format
 from edge.api.pages import ORJSONResponse
 from edge.api.responses import ResponsesFormat, parse_responses
@@ -142,11 +143,20 @@ def _format(kind: Kind, request_id: str, model: str, req: GenRequest) -> Format:
     return make_format(kind, request_id, model, created, req.include_usage, req.n)
 
 
-def _failover(
-    state: EdgeState, p: Prepared, detach_grace_s: float, timeout: float, stamps: bool = False
+async def _failover(
+    state: EdgeState,
+    request: Request,
+    p: Prepared,
+    detach_grace_s: float,
+    timeout: float,
+    stamps: bool = False,
 ) -> FailoverCall:
     registry = state.workers()
-    worker = registry.pick(p.req.model, p.key)
+    # The session's pool (pinned) and worker; its cookie and pool headers go out with the
+    # response, whatever it turns out to be.
+    worker, p.key = await affinity.place(
+        state.sessions(), state.cookies, request, p.req.model, p.req.user
+    )
     start = p.start
     start.detach_grace_ms = int(detach_grace_s * 1000)
     start.stamp_times = stamps
@@ -178,7 +188,7 @@ async def generate(state: EdgeState, request: Request, kind: Kind) -> Response |
         return _resume(state, request, kind, point, p.req)
     stamps = cfg.allow_stamps and request.headers.get(STAMP_HEADER) == "1"
     timeout = timeout_s(request, p.req.stream, cfg.request_timeout_s)
-    call = _failover(state, p, cfg.detach_grace_s, timeout, stamps)
+    call = await _failover(state, request, p, cfg.detach_grace_s, timeout, stamps)
     req = p.req
     fmt = _format(kind, p.request_id, req.model or call.worker.model_id(), req)
     job = Job(
@@ -256,7 +266,7 @@ async def create_stream(state: EdgeState, request: Request) -> Response:
     """
     cfg = state.config.stream
     p = await _prepare(state, request, "chat")
-    call = _failover(state, p, cfg.stream_grace_s, cfg.request_timeout_s)
+    call = await _failover(state, request, p, cfg.stream_grace_s, cfg.request_timeout_s)
     try:
         if not await call.admitted():
             await call.read()  # raises the refusal as an ApiError (400, 429, ...)

@@ -1,35 +1,50 @@
-"""What the HTTP handlers share: config, metrics, the worker registry, the draining flag,
-and the resume codec. Built by the bootstrap (`edge.app`), one per process."""
+"""What the HTTP handlers share: config, metrics, the worker registry, session pinning and
+rollouts, the draining flag, and the resume and cookie codecs. Built by the bootstrap
+(`edge.app`), one per process."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
 
+from edge.api.affinity import CookieCodec
 from edge.api.detached import DetachedStreams
 from edge.config import EdgeConfig
 from edge.errors import no_worker
 from edge.obs.metrics import Metrics
 from edge.stream.ids import ResumeCodec
 from edge.upstream.registry import PoolRegistry
+from edge.upstream.rollouts import Rollouts
+from edge.upstream.sessions import Pinning
 
 
 @dataclass(slots=True)
 class EdgeState:
     config: EdgeConfig
     metrics: Metrics = field(default_factory=Metrics)
-    registry: PoolRegistry | None = None  # set at startup (lifespan)
+    registry: PoolRegistry | None = None  # set at startup (lifespan), as are...
+    pinning: Pinning | None = None  # ... the sessions' pools
+    rollouts: Rollouts | None = None  # ... and the rollout plans
     draining: bool = False
     codec: ResumeCodec = field(init=False)
     detached: DetachedStreams = field(init=False)  # browser streams' held slots
+    cookies: CookieCodec = field(init=False)  # the sticky session cookie
 
     def __post_init__(self) -> None:
         self.detached = DetachedStreams(self.config.stream.stream_grace_s)
         secret = self.config.stream.resume_secret
-        self.codec = ResumeCodec(bytes.fromhex(secret) if secret else os.urandom(32))
+        key = bytes.fromhex(secret) if secret else os.urandom(32)
+        self.codec = ResumeCodec(key)
+        self.cookies = CookieCodec(key, self.config.session)
 
     def workers(self) -> PoolRegistry:
         """The registry, or 503 before startup (no worker to call yet)."""
         if self.registry is None:
             raise no_worker()
         return self.registry
+
+    def sessions(self) -> Pinning:
+        """Session pinning, or 503 before startup."""
+        if self.pinning is None:
+            raise no_worker()
+        return self.pinning

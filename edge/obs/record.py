@@ -3,9 +3,10 @@
 `ObsMiddleware` is the outermost layer of the edge. It puts a `RequestRecord` into the
 scope (`RECORD`), which the inner layers fill (security: the caller; the stream: request
 and trace ids, tokens, finish), and wraps `send` once: the status is counted in the
-metrics when the response starts, bytes are added up, the record's `on_complete`
-callbacks run as the last byte goes out (a limit's slot is free before the client can
-send its next request), and in JSON log mode one access record is written at the end.
+metrics when the response starts (and the record's extra `headers` are added), bytes are
+added up, the record's `on_complete` callbacks run as the last byte goes out (a limit's
+slot is free before the client can send its next request), and in JSON log mode one
+access record is written at the end.
 No other layer wraps `send`.
 
 Routes with parameters are counted under their template (`/v1/streams/{token}`), so
@@ -44,6 +45,9 @@ class RequestRecord:
     # Set by the limits while a stream slot is held: keeps the slot past this request
     # and returns its release (a detached generation holds it).
     keep_slot: Callable[[], Callable[[], None]] | None = None
+    # Added to the response's headers as it starts, whatever response it is (the session
+    # cookie and the pool a generation went to: `edge.api.affinity`).
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
 
     def complete(self) -> None:
         """Run (once) what waits for the response's end."""
@@ -104,6 +108,8 @@ class ObsMiddleware:
             elif message["type"] == "http.response.start":
                 rec.status = message["status"]
                 requests[(rec.route, rec.status)] += 1
+                if rec.headers:
+                    message = {**message, "headers": [*message.get("headers", ()), *rec.headers]}
             await send(message)
 
         try:

@@ -1,5 +1,7 @@
 """Automatic canary rollback: a pool whose recent outcomes break its `rollback` bounds gets
-weight 0, once, with a log line and a count in /metrics (`sluice_edge_pool_rollbacks_total`).
+weight 0 and drains (its pinned sessions move on), once, with a log line and a count in
+/metrics (`sluice_edge_pool_rollbacks_total`). Rollout plans (`edge.upstream.rollouts`)
+judge a canary against the stable pool step by step; these bounds are absolute.
 
 Judged every `CHECK_INTERVAL_S` over the pool's own window (`window_s`, at least
 `min_requests` outcomes): its error rate *in excess of the rest of the fleet's* over the
@@ -62,7 +64,7 @@ def check(registry: PoolRegistry, now: float | None = None) -> list[str]:
             continue
         log.warning("canary rollback: pool %s to weight 0: %s", pool.name, reason)
         pool.rolled_back = {"at": time.time(), "reason": reason, "weight": pool.weight}
-        registry.set_weight(pool.name, 0.0, reason="rollback")
+        registry.drain(pool.name, "rolled_back")  # its pinned sessions move on too
         registry.pool_metrics(pool.name).rollbacks += 1
         rolled.append(pool.name)
     return rolled

@@ -245,13 +245,14 @@ class FailoverCall:
         att.ended = True
         att.worker.in_flight -= 1
         metrics = self._registry.pool_metrics(att.worker.pool)
-        ttft = None
+        ttft = itl = None
         if att.first_token is not None:
             ttft = att.first_token - att.started
             if att.tokens > 1:
                 gaps = att.tokens - 1
-                metrics.itl.observe((att.last_token - att.first_token) / gaps, gaps)
-        metrics.outcome(outcome, ttft)
+                itl = (att.last_token - att.first_token) / gaps
+                metrics.itl.observe(itl, gaps)
+        metrics.outcome(outcome, ttft, itl_s=itl)
         if outcome in PASSIVE_FAILURES:
             att.worker.failed()
         self._registry.released(att.worker)

@@ -34,6 +34,7 @@ class WindowStats:
     errors: int
     ttft_p50_s: float | None
     ttft_p99_s: float | None
+    itl_p99_s: float | None = None  # of the attempts' mean inter-token gaps
 
     @property
     def error_rate(self) -> float:
@@ -46,6 +47,7 @@ class WindowStats:
             "error_rate": round(self.error_rate, 4),
             "ttft_p50_ms": None if self.ttft_p50_s is None else round(self.ttft_p50_s * 1000, 2),
             "ttft_p99_ms": None if self.ttft_p99_s is None else round(self.ttft_p99_s * 1000, 2),
+            "itl_p99_ms": None if self.itl_p99_s is None else round(self.itl_p99_s * 1000, 3),
         }
 
 
@@ -66,14 +68,23 @@ class PoolMetrics:
         self.itl = Histogram(ITL_BUCKETS)
         self.continuations = 0
         self.rollbacks = 0
-        # (monotonic time, is_error, ttft or None); cancelled attempts are not kept.
-        self._window: deque[tuple[float, bool, float | None]] = deque(maxlen=WINDOW_CAP)
+        # (monotonic time, is_error, ttft or None, mean inter-token gap or None);
+        # cancelled attempts are not kept.
+        self._window: deque[tuple[float, bool, float | None, float | None]] = deque(
+            maxlen=WINDOW_CAP
+        )
 
-    def outcome(self, code: str, ttft_s: float | None, now: float | None = None) -> None:
+    def outcome(
+        self,
+        code: str,
+        ttft_s: float | None,
+        now: float | None = None,
+        itl_s: float | None = None,
+    ) -> None:
         self.outcomes[code] = self.outcomes.get(code, 0) + 1
         if code != CANCELLED:
             t = time.monotonic() if now is None else now
-            self._window.append((t, code != OK, ttft_s))
+            self._window.append((t, code != OK, ttft_s, itl_s))
 
     def clear_window(self) -> None:
         self._window.clear()
@@ -84,9 +95,22 @@ class PoolMetrics:
             self._window.popleft()
         since = t - window_s
         recent = list(itertools.takewhile(lambda e: e[0] >= since, reversed(self._window)))
-        errors = sum(1 for _, err, _ in recent if err)
-        ttfts = sorted(v for _, _, v in recent if v is not None)
-        return WindowStats(len(recent), errors, percentile(ttfts, 0.5), percentile(ttfts, 0.99))
+        errors = sum(1 for e in recent if e[1])
+        ttfts = sorted(e[2] for e in recent if e[2] is not None)
+        itls = sorted(e[3] for e in recent if e[3] is not None)
+        return WindowStats(
+            len(recent),
+            errors,
+            percentile(ttfts, 0.5),
+            percentile(ttfts, 0.99),
+            percentile(itls, 0.99),
+        )
+
+    def nth_since(self, since: float, n: int) -> float | None:
+        """When the n-th outcome at or after `since` came (None: fewer so far)."""
+        newest_first = reversed(self._window)
+        recent = [e[0] for e in itertools.takewhile(lambda e: e[0] >= since, newest_first)]
+        return recent[-n] if n > 0 and len(recent) >= n else None
 
 
 def expose(out: Exposition, pools: dict[str, PoolMetrics]) -> None:

@@ -5,9 +5,10 @@ failover exclusions: the math is in `edge.upstream.routing`), applies runtime ch
 for the admin API and keeps per-pool metrics. Background policies that watch it (the
 canary rollback, `edge.upstream.canary`) are started by the bootstrap, not by it.
 
-Changes apply to new requests at once (same event loop, no locks): a call already running
-keeps its worker whatever happens to weights or membership. A removed worker leaves
-rotation at once; its channel closes when its last call on this edge ends.
+Changes apply to new requests at once (same event loop, no locks): a running call keeps
+its worker whatever happens to weights or membership; weights place new sessions only (a
+pinned one, `edge.upstream.sessions`, stays in its pool until that drains or goes). A
+removed worker leaves rotation at once; its channel closes after its last call here.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ class Pool:
     rollback: RollbackSpec | None = None
     workers: dict[str, Worker] = field(default_factory=dict)  # by address
     rolled_back: dict[str, object] | None = None  # the last automatic rollback
+    # Why the pool is leaving ("drained", "rolled_back"; "" = it is not): it takes no new
+    # sessions, and sessions pinned to it move on at their next request.
+    draining: str = ""
 
 
 Group = tuple[Pool, list[Worker]]
@@ -112,17 +116,20 @@ class PoolRegistry:
         key: str = "",
         exclude: Collection[str] = (),
         prefer_pool: str = "",
+        pool: str = "",
     ) -> Worker:
         """A worker for a new generation (or a retry: `exclude` holds addresses tried).
 
         With a session key: the key's pool by weighted rendezvous, then its worker by
         rendezvous. Without: a pool at random by weight, then two random choices by load.
-        `prefer_pool` (a failover) stays in that pool while it has candidates. Raises
-        ApiError: 404 when SERVING workers exist but none has `model`, else 503.
+        `pool` (a pinned session) picks in that pool only, whatever its weight;
+        `prefer_pool` (a failover) stays in that pool while it has candidates. Draining
+        pools take nothing new. Raises ApiError: 404 when SERVING workers exist but none
+        has `model`, else 503.
         """
         now = time.monotonic()
         for level in _LEVELS:
-            groups = self._groups(model, exclude, level, now)
+            groups = self._groups(model, exclude, level, now, pool or prefer_pool, bool(pool))
             if groups:
                 return self._choose(groups, key, prefer_pool)
         serving = [w for w in self.workers if w.serving and not w.removed]
@@ -142,10 +149,14 @@ class PoolRegistry:
         exclude: Collection[str],
         ok: Callable[[Worker, float], bool],
         now: float,
+        named: str = "",
+        only: bool = False,
     ) -> list[Group]:
         groups: list[Group] = []
         for pool in self.pools.values():
-            if pool.weight <= 0:
+            if pool.draining or (only and pool.name != named):
+                continue
+            if pool.weight <= 0 and pool.name != named:
                 continue
             ws = [
                 w
@@ -186,6 +197,17 @@ class PoolRegistry:
         return metrics
 
     # -- runtime changes (admin API, canary) ------------------------------------------------
+
+    def candidates(self, pool: str, model: str = "") -> list[Worker]:
+        """The workers `pick(pool=...)` chooses among now (the strictest level with any)."""
+        now = time.monotonic()
+        found = (self._groups(model, (), ok, now, pool, True) for ok in _LEVELS)
+        return next((g[0][1] for g in found if g), [])
+
+    def refuses_pin(self, name: str) -> str:
+        """Why a session pinned to pool `name` must move ("" if it may stay)."""
+        pool = self.pools.get(name)
+        return "removed" if pool is None else pool.draining
 
     def pool(self, name: str) -> Pool:
         pool = self.pools.get(name)
@@ -237,12 +259,22 @@ class PoolRegistry:
         del self.pools[name]
         log.info("pool %s removed", name)
 
-    def set_weight(self, name: str, weight: float, reason: str = "admin") -> Pool:
+    def set_weight(self, name: str, weight: float, reason: str = "admin", new: bool = True) -> Pool:
+        """An operator's weight > 0 takes a draining pool back; `new`: a fresh window."""
         pool = self.pool(name)
+        if reason == "admin" and weight > 0 and pool.draining:
+            pool.draining = ""
         if weight != pool.weight:
             log.info("pool %s: weight %g -> %g (%s)", name, pool.weight, weight, reason)
             pool.weight = weight
-            self.pool_metrics(name).clear_window()  # judge the new setting on its own
+            if new:
+                self.pool_metrics(name).clear_window()
+        return pool
+
+    def drain(self, name: str, reason: str = "drained") -> Pool:
+        """Weight 0, no new sessions, and its pinned sessions move on (streams finish)."""
+        pool = self.set_weight(name, 0.0, reason, new=False)
+        pool.draining = reason
         return pool
 
     def add_worker(self, pool_name: str, address: str) -> Worker:
@@ -306,6 +338,7 @@ class PoolRegistry:
                     "weight": pool.weight,
                     "rollback": pool.rollback.to_dict() if pool.rollback else None,
                     "rolled_back": pool.rolled_back,
+                    "draining": pool.draining or None,
                     "window": {"seconds": window_s, **stats.to_dict()},
                     "workers": [w.describe(now) for w in pool.workers.values()],
                 }

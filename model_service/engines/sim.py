@@ -10,6 +10,13 @@ timer gives every decoding sequence its next token (a sequence joins the batch's
 after its prefill). So the engine costs one timer per step, not one per token, and the
 worker sees the batch's tokens arrive together, as it does from vLLM. With a zero delay
 each sequence runs as fast as it can, yielding to the others every 16 tokens.
+
+Faults (`--sim-fault-file`, for rollout tests and benchmarks): a JSON object re-read
+whenever the file changes, so a test turns a healthy worker bad mid-run and back.
+`error_rate` (0..1) fails that share of new generations, spread evenly (every 1/rate-th);
+`error_after_tokens` is how many tokens a failing one sends first (0: it fails before its
+first token); `ttft_s` adds to every prefill. A failure is an `EngineError` (INTERNAL), as
+an engine crashing on a request would be. A missing or empty file means no faults.
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import json
+import logging
 import os
 import re
 import time
@@ -26,6 +35,7 @@ from dataclasses import dataclass
 
 from model_service.engines.base import Engine
 from model_service.engines.sim_json import pieces, structured_text
+from model_service.errors import EngineError
 from model_service.types import (
     EngineOutput,
     EngineStats,
@@ -81,6 +91,48 @@ class _Lcg:
 
 
 _MASK64 = (1 << 64) - 1
+log = logging.getLogger("sluice.worker")
+
+
+class Faults:
+    """Injected faults, from a JSON file re-read when its mtime changes (module docstring)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._mtime = -1
+        self.error_rate = 0.0
+        self.error_after_tokens = 0
+        self.ttft_s = 0.0
+        self._due = 0.0  # accumulated share of generations to fail
+
+    def refresh(self) -> None:
+        try:
+            mtime = os.stat(self.path).st_mtime_ns
+        except OSError:
+            mtime = 0
+        if mtime == self._mtime:
+            return
+        self._mtime = mtime
+        raw: dict[str, float] = {}
+        if mtime:
+            try:
+                with open(self.path) as f:
+                    raw = json.loads(f.read() or "{}")
+            except (OSError, ValueError) as exc:
+                log.warning("sim fault file %s unreadable: %s", self.path, exc)
+        self.error_rate = min(1.0, max(0.0, float(raw.get("error_rate", 0.0))))
+        self.error_after_tokens = max(0, int(raw.get("error_after_tokens", 0)))
+        self.ttft_s = max(0.0, float(raw.get("ttft_s", 0.0)))
+        self._due = 0.0
+        log.info("sim faults now %s", raw or "none")
+
+    def fails_next(self) -> bool:
+        """Whether the generation starting now fails (every 1/error_rate-th does)."""
+        self._due += self.error_rate
+        if self._due >= 1.0 - 1e-9:
+            self._due -= 1.0
+            return True
+        return False
 
 
 @dataclass(eq=False, slots=True)
@@ -110,6 +162,7 @@ class SimEngine(Engine):
         self._stepping: list[asyncio.Future[None]] = []  # sequences waiting for the next step
         self._step_timer: asyncio.TimerHandle | None = None
         self._step_at = 0.0  # when the last decode step was due (loop clock)
+        self._faults = Faults(self._opts.fault_file) if self._opts.fault_file else None
         self._info = ModelInfo(
             id=config.model_name,
             max_model_len=config.max_model_len,
@@ -252,13 +305,21 @@ class SimEngine(Engine):
             if request.structured is not None:
                 script = pieces(structured_text(request.structured, VOCAB, rng.below))
                 answer_len = len(script)
+            fail_at, prefill = 0, opts.ttft_s
+            if self._faults is not None:
+                self._faults.refresh()
+                prefill += self._faults.ttft_s
+                if self._faults.fails_next():
+                    fail_at = self._faults.error_after_tokens + 1
             # Hold back text that could be the start of a stop string, as real engines do.
             holdback = max((len(s) for s in sp.stop), default=1) - 1
             text, emitted, n, prompt = "", 0, 0, len(prompt_ids)
-            if opts.ttft_s > 0:  # prefill (zero: the first token at once)
-                await asyncio.sleep(opts.ttft_s)
+            if prefill > 0:  # prefill (zero: the first token at once)
+                await asyncio.sleep(prefill)
             while not req.aborted:
                 n += 1
+                if n == fail_at:
+                    raise EngineError("injected fault (sim fault file)")
                 if n > 1 and opts.token_delay_s > 0:
                     await self._step()
                     if req.aborted:

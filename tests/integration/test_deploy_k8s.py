@@ -12,6 +12,7 @@ test runs the real edge with the manifest's kind of worker address.
 from __future__ import annotations
 
 import re
+import shlex
 import time
 import tomllib
 from pathlib import Path
@@ -34,8 +35,9 @@ from tests.procs import ROOT, start_edge, start_worker
 K8S = ROOT / "scripts" / "deploy" / "k8s"
 # Written for 1.31; 1.27 is the oldest supported (native gRPC probes are GA there).
 KUBERNETES_VERSIONS = ("1.27.0", "1.31.0")
-# Kept out of the kustomization on purpose (applying it would blank the real keys).
-NOT_APPLIED = {"edge-secret.yaml"}
+# Kept out of the kustomization on purpose: applying the Secret would blank the real keys;
+# the canary is applied for a gray release only (its header documents the sequence).
+NOT_APPLIED = {"edge-secret.yaml", "worker-canary.yaml"}
 MARGIN_S = 5  # at least this much between the drain's end and the kubelet's SIGKILL
 
 
@@ -139,7 +141,11 @@ def test_kustomization_applies_every_manifest():
 
 def test_selectors_match_pod_labels():
     deployments = objects("Deployment")
-    assert {d["metadata"]["name"] for d in deployments} == {"sluice-worker", "sluice-edge"}
+    assert {d["metadata"]["name"] for d in deployments} == {
+        "sluice-worker",
+        "sluice-worker-canary",
+        "sluice-edge",
+    }
     for d in deployments:
         labels = d["spec"]["template"]["metadata"]["labels"]
         assert d["spec"]["selector"]["matchLabels"].items() <= labels.items()
@@ -277,6 +283,50 @@ def test_proxies_wait_as_long_as_a_generation_may_take():
         assert size_bytes(body) >= cfg.server.max_body_bytes, where
     assert ingress[prefix + "proxy-buffering"] == "off"
     assert "non_idempotent" not in ingress[prefix + "proxy-next-upstream"]
+
+
+def test_the_canary_is_the_stable_worker_but_for_its_version_and_is_reached_apart():
+    stable, canary = pod("sluice-worker"), pod("sluice-worker-canary")
+    c = container("sluice-worker-canary")
+    cfg = worker_config(worker_parser().parse_args(args(c)))
+    assert cfg.engine.model_name == worker_cfg().engine.model_name  # clients see one model
+    assert cfg.engine.version and cfg.engine.version != worker_cfg().engine.version
+    # The same pod but for the labels, image, and version flag: probes, ports, grace,
+    # resources and volumes cannot drift apart.
+    swapped = yaml.safe_load(
+        yaml.safe_dump(stable).replace("component: worker\n", "component: worker-canary\n")
+    )
+    swapped["spec"]["containers"][0]["image"] = c["image"]
+    swapped["spec"]["containers"][0]["args"] = [
+        a for a in c["args"] if not a.startswith("--model-version")
+    ]
+    expected = {**canary, "spec": {**canary["spec"]}}
+    expected["spec"]["containers"] = [{**c, "args": swapped["spec"]["containers"][0]["args"]}]
+    assert swapped == expected
+    assert c["image"] != container("sluice-worker")["image"]
+    svc = obj("Service", "sluice-worker-canary")["spec"]
+    assert svc["clusterIP"] == "None"
+    assert svc["selector"].items() <= canary["metadata"]["labels"].items()
+    assert not svc["selector"].items() <= stable["metadata"]["labels"].items()
+    # The documented sequence: its CLI call parses and names this Service and port.
+    from scripts import rollout
+
+    header = (K8S / "worker-canary.yaml").read_text().split("apiVersion")[0]
+    lines = [ln.lstrip("#").strip() for ln in header.splitlines()]
+    start = next(i for i, ln in enumerate(lines) if "python -m scripts.rollout" in ln)
+    command = ""
+    for ln in lines[start:]:
+        command += " " + ln.rstrip("\\")
+        if not ln.endswith("\\"):
+            break
+    argv = shlex.split(command.split("python -m scripts.rollout", 1)[1])
+    parsed = rollout.parse_args(argv)
+    port = svc["ports"][0]["port"]
+    assert parsed.command == "run" and parsed.canary == "canary"
+    target = f"dns:///sluice-worker-canary.{namespace()}.svc.cluster.local:{port}"
+    assert parsed.worker == [target]
+    assert port == cfg.server.port
+    assert edge_cfg().session.secure  # TLS ends at the ingress: the cookie is Secure
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """The simulated engine behaves like a continuous-batching engine."""
 
 import asyncio
+import os
 
 import pytest
 
@@ -97,3 +98,33 @@ async def test_duplicate_live_request_id_refused():
     with pytest.raises(ValueError):
         await e.generate(req("a")).__anext__()
     await g.aclose()
+
+
+async def test_faults_from_the_fault_file_change_while_running(tmp_path):
+    """Every 1/error_rate-th generation fails after `error_after_tokens` tokens; the file
+    is re-read when it changes, so faults come and go without a restart."""
+    from model_service.errors import EngineError
+
+    path = tmp_path / "faults.json"
+    sim = SimOptions(ttft_s=0, token_delay_s=0, fault_file=str(path))
+    e = SimEngine(EngineConfig(engine="sim", sim=sim))
+    await e.start()
+
+    async def outcome(i: int) -> tuple[str, int]:
+        got = 0
+        try:
+            async for o in e.generate(req(f"r{i}", max_tokens=8)):
+                got += len(o.token_ids)
+        except EngineError:
+            return "error", got
+        return "ok", got
+
+    assert [await outcome(i) for i in range(3)] == [("ok", 8)] * 3  # no file: no faults
+    path.write_text('{"error_rate": 0.5, "error_after_tokens": 2}')
+    got = [await outcome(i) for i in range(3, 7)]
+    assert got == [("ok", 8), ("error", 2), ("ok", 8), ("error", 2)]
+    path.write_text('{"error_rate": 1.0}')
+    os.utime(path, ns=(1, 1))  # a distinct mtime even within the clock's resolution
+    assert [await outcome(i) for i in range(7, 9)] == [("error", 0)] * 2
+    path.write_text("{}")
+    assert await outcome(9) == ("ok", 8)

@@ -1,0 +1,313 @@
+"""Rollout plans, run: a canary pool's share of new sessions is raised step by step while it
+holds up against the stable pool, and rolled back at once when it does not.
+
+A plan (`edge.upstream.plans`) is checked every `CHECK_INTERVAL_S` by `watch`, a task the
+bootstrap starts with the registry:
+
+- At step i the canary has weight `steps[i]` and the stable pool `100 - steps[i]` (other
+  pools keep theirs). Weights place new sessions only: pinned ones stay where they are.
+- Every check judges the canary's sliding window (`window_s`, within the step) against
+  the stable pool's baseline (its own window, the last one with enough samples); a
+  broken bound, or no canary worker routable for `UNROUTABLE_GRACE_S` (passive failure
+  marking takes a failing worker out, and then it gets no samples), rolls back at once:
+  the canary drains (its pinned sessions move to the stable pool, once, told so), the
+  stable pool gets its weight back.
+- Once the step has been held `hold_s[i]` and the canary has `min_samples` outcomes in it
+  that pass as a whole, the next step is applied in that same check. After the 100 % step
+  the plan finishes: the canary takes the stable pool's old weight and the old stable
+  pool drains.
+- Paused: no advancing (bounds still roll back); resumed: the step's hold starts again.
+  Aborted: rolled back by the operator.
+
+Every transition is logged, kept in the rollout's history (with both pools' figures over
+the step and how late it was applied after it was due: held and enough samples) and
+counted in /metrics. State lives in this edge process (like pools' weights).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from typing import Any
+
+from edge.errors import ApiError
+from edge.obs.prom import Exposition, labels
+from edge.upstream.outcomes import WindowStats
+from edge.upstream.plans import Plan, judge
+from edge.upstream.pools import PoolConfigError
+from edge.upstream.registry import PoolRegistry
+
+log = logging.getLogger("sluice.edge")
+CHECK_INTERVAL_S = 0.1
+KEEP = 20  # rollouts remembered (the oldest ended ones are forgotten first)
+UNROUTABLE_GRACE_S = 1.0  # a canary with no routable worker this long (or a window) fails
+ACTIVE = ("running", "paused")
+STATES = ("running", "paused", "finished", "rolled_back", "aborted")
+
+
+class Rollout:
+    """One plan being run (see the module docstring); `tick` moves it on."""
+
+    def __init__(
+        self, rid: str, plan: Plan, registry: PoolRegistry, counts: dict[str, int], now: float
+    ) -> None:
+        self.id = rid
+        self.plan = plan
+        self.registry = registry
+        self.state = "running"
+        self.reason = ""
+        self.step = 0
+        self.history: list[dict[str, Any]] = []
+        self.created_at = time.time()
+        self._counts = counts
+        stable = registry.pool(plan.stable)
+        self._stable_weight = stable.weight if stable.weight > 0 else 100.0
+        self._step_started = now
+        self._baseline: WindowStats | None = None
+        self._down_since: float | None = None
+        registry.pool(plan.canary).draining = ""  # started on purpose: back in service
+        self._apply(now)
+        self._event("started", now)
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE
+
+    # -- moving on ----------------------------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        if not self.active:
+            return
+        plan, reg = self.plan, self.registry
+        missing = [p for p in (plan.canary, plan.stable) if p not in reg.pools]
+        if missing:
+            self._end("aborted", f"pool {missing[0]} was removed", now)
+            return
+        a = plan.analysis
+        hold = plan.hold_s[self.step]
+        window = a.window_s or hold or 1.0
+        since = self._step_started
+        metrics = reg.pool_metrics(plan.canary)
+        baseline = self._stable_baseline(window, now)
+        reason = judge(a, metrics.window(min(window, now - since), now), baseline)
+        reason = reason or self._unroutable(window, now)
+        if reason is None and self.state == "running" and now >= since + hold:
+            whole = metrics.window(now - since, now)
+            if whole.requests < a.min_samples:
+                return  # held, but too little seen to judge yet
+            reason = judge(a, whole, baseline)
+            if reason is None:
+                enough = metrics.nth_since(since, a.min_samples) or now
+                self._advance(now, max(since + hold, enough))
+                return
+        if reason is not None:
+            self._end("rolled_back", reason, now)
+
+    def _advance(self, now: float, due: float) -> None:
+        if self.step + 1 < len(self.plan.steps):
+            self._event("advanced", now, due=due)  # the figures of the step held
+            self.step += 1
+            self._step_started = now
+            self._apply(now)
+            return
+        reg, plan = self.registry, self.plan
+        reg.set_weight(plan.canary, self._stable_weight, "rollout finished", new=False)
+        reg.drain(plan.stable, "drained")
+        self.state = "finished"
+        self._event("finished", now, due=due)
+
+    def _apply(self, now: float) -> None:
+        pct = self.plan.steps[self.step]
+        reg = self.registry
+        reg.set_weight(self.plan.canary, pct, f"rollout {self.id}", new=False)
+        reg.set_weight(self.plan.stable, 100.0 - pct, f"rollout {self.id}", new=False)
+
+    def _unroutable(self, window: float, now: float) -> str | None:
+        """A canary none of whose workers takes requests (down, or marked failed after its
+        errors: then it gets no more samples to judge) fails after a short grace."""
+        workers = self.registry.pool(self.plan.canary).workers.values()
+        if any(w.routable(now) for w in workers):
+            self._down_since = None
+            return None
+        if self._down_since is None:
+            self._down_since = now
+        grace = min(window, UNROUTABLE_GRACE_S)
+        if now - self._down_since < grace:
+            return None
+        return f"no canary worker has been routable for {now - self._down_since:.1f} s"
+
+    def _stable_baseline(self, window: float, now: float) -> WindowStats | None:
+        stats = self.registry.pool_metrics(self.plan.stable).window(window, now)
+        if stats.requests >= self.plan.analysis.min_samples:
+            self._baseline = stats
+        return self._baseline
+
+    # -- the operator ---------------------------------------------------------------------
+
+    def pause(self, now: float) -> None:
+        self._need("running", "pause")
+        self.state = "paused"
+        self._event("paused", now)
+
+    def resume(self, now: float) -> None:
+        self._need("paused", "resume")
+        self.state = "running"
+        self._step_started = now  # the hold starts again
+        self._event("resumed", now)
+
+    def abort(self, now: float) -> None:
+        if not self.active:
+            self._need("running", "abort")
+        self._end("aborted", "aborted by the operator", now)
+
+    def _need(self, state: str, verb: str) -> None:
+        if self.state != state:
+            raise ApiError(
+                409, f"rollout {self.id} is {self.state}: cannot {verb} it", code="conflict"
+            )
+
+    def _end(self, state: str, reason: str, now: float) -> None:
+        """Rolled back or aborted: the canary drains, the stable pool gets its weight back."""
+        reg, plan = self.registry, self.plan
+        if plan.canary in reg.pools:
+            reg.drain(plan.canary, "rolled_back")
+        if plan.stable in reg.pools:
+            reg.set_weight(plan.stable, self._stable_weight, f"rollout {self.id}", new=False)
+        self.state, self.reason = state, reason
+        self._event(state, now, reason)
+
+    # -- views ------------------------------------------------------------------------------
+
+    def _event(self, event: str, now: float, reason: str = "", due: float | None = None) -> None:
+        span = max(now - self._step_started, 1e-3)
+        reg, plan = self.registry, self.plan
+        entry: dict[str, Any] = {
+            "at": time.time(),
+            "event": event,
+            "step": self.step,
+            "percent": plan.steps[self.step],
+            "reason": reason,
+            "held_s": round(span, 3),
+            "canary": reg.pool_metrics(plan.canary).window(span, now).to_dict(),
+            "stable": reg.pool_metrics(plan.stable).window(span, now).to_dict(),
+        }
+        if due is not None:
+            entry["applied_late_ms"] = round((now - due) * 1000, 1)
+        self.history.append(entry)
+        self._counts[event] = self._counts.get(event, 0) + 1
+        logger = log.warning if event in ("rolled_back", "aborted") else log.info
+        logger(
+            "rollout %s (%s -> %s): %s at step %d (%g%%)%s",
+            self.id,
+            plan.stable,
+            plan.canary,
+            event,
+            self.step,
+            plan.steps[self.step],
+            f": {reason}" if reason else "",
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "state": self.state,
+            "reason": self.reason or None,
+            "step": self.step,
+            "percent": self.plan.steps[self.step],
+            "created_at": self.created_at,
+            "plan": self.plan.to_dict(),
+            "history": self.history,
+        }
+
+
+class Rollouts:
+    """The rollouts of this edge: at most one active at a time."""
+
+    def __init__(self, registry: PoolRegistry) -> None:
+        self.registry = registry
+        self._all: OrderedDict[str, Rollout] = OrderedDict()
+        self._seq = 0
+        self.transitions: dict[str, int] = {}
+
+    def start(self, plan: Plan, now: float | None = None) -> Rollout:
+        reg = self.registry
+        busy = [r for r in self._all.values() if r.active]
+        if busy:
+            raise ApiError(409, f"rollout {busy[0].id} is still {busy[0].state}", code="conflict")
+        canary = reg.pool(plan.canary)
+        if not canary.workers:
+            raise PoolConfigError(f"pool {plan.canary!r} has no workers")
+        if not plan.stable:
+            others = [
+                p.name
+                for p in reg.pools.values()
+                if p.name != plan.canary and p.weight > 0 and not p.draining
+            ]
+            if len(others) != 1:
+                raise PoolConfigError(f"name the stable pool: candidates are {sorted(others)}")
+            plan.stable = others[0]
+        reg.pool(plan.stable)
+        self._seq += 1
+        rid = f"{time.strftime('%Y%m%d-%H%M%S')}-{self._seq}"
+        t = time.monotonic() if now is None else now
+        rollout = Rollout(rid, plan, reg, self.transitions, t)
+        self._all[rid] = rollout
+        while len(self._all) > KEEP:
+            old = next((k for k, r in self._all.items() if not r.active), None)
+            if old is None:
+                break
+            del self._all[old]
+        return rollout
+
+    def get(self, rid: str) -> Rollout:
+        rollout = self._all.get(rid)
+        if rollout is None:
+            raise ApiError(404, f"no rollout {rid!r}", type="not_found_error", code="no_rollout")
+        return rollout
+
+    def check(self, now: float | None = None) -> None:
+        t = time.monotonic() if now is None else now
+        for rollout in list(self._all.values()):
+            rollout.tick(t)
+
+    async def watch(self) -> None:
+        """Run `check` forever (started by the bootstrap's lifespan, a task of the registry)."""
+        while True:
+            await asyncio.sleep(CHECK_INTERVAL_S)
+            try:
+                self.check()
+            except Exception:  # a bug here must not stop routing
+                log.exception("rollout check failed")
+
+    def describe(self) -> dict[str, Any]:
+        active = next((r.id for r in self._all.values() if r.active), None)
+        return {"active": active, "rollouts": [r.describe() for r in reversed(self._all.values())]}
+
+    def render_metrics(self) -> str:
+        out = Exposition()
+        shown = list(self._all.values())[-1:]  # the latest rollout
+        out.family(
+            "sluice_edge_rollout_state",
+            "gauge",
+            "1 for the latest rollout's state (running, paused, finished, rolled_back, aborted).",
+            [
+                (labels(rollout=r.id, canary=r.plan.canary, state=s), int(r.state == s))
+                for r in shown
+                for s in STATES
+            ],
+        )
+        out.family(
+            "sluice_edge_rollout_canary_percent",
+            "gauge",
+            "The latest rollout's current step: the canary's % of new sessions.",
+            [(labels(rollout=r.id, canary=r.plan.canary), r.plan.steps[r.step]) for r in shown],
+        )
+        out.family(
+            "sluice_edge_rollout_transitions_total",
+            "counter",
+            "Rollout transitions by event (started, advanced, paused, resumed, finished, ...).",
+            [(labels(event=e), n) for e, n in sorted(self.transitions.items())],
+        )
+        return out.text()

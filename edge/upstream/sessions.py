@@ -1,0 +1,148 @@
+"""Version pinning: the pool a conversation stays on, and the store that remembers it.
+
+A session (a conversation key: `X-Session-ID`, the OpenAI `user`, or the id in the edge's
+signed cookie) is placed once, by the pools' weights, and is then *pinned* to that pool:
+a weight change places new sessions only, so an ongoing dialogue keeps its version (and,
+by rendezvous on its key within the pool, its worker and KV cache). A pinned session
+moves, once, when its pool drains, is rolled back, is removed, or has no worker for it
+left; the `Placement` says from where and why, and the response tells the client.
+
+Where pins live: a cookie carries its own pool (signed, so any edge replica with the same
+secret honours it, no state); header and `user` keys go through a `SessionStore`, by
+default `MemoryStore` (in this process: LRU, entries live for the session lifetime from
+their last use). The interface is async so that a shared store (Redis) can implement it.
+
+A new cookie session gets its id here, so the first request still goes where load says
+(a pool at random by weight, the less loaded of two workers) and the id is drawn until
+rendezvous maps it to that worker: the later turns, carrying the id, land on it too.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import cachetools
+
+from edge.errors import ApiError
+from edge.obs.prom import Exposition, labels
+from edge.upstream.registry import PoolRegistry
+from edge.upstream.routing import hrw
+from edge.upstream.worker import Worker
+
+log = logging.getLogger("sluice.edge")
+# Ids drawn at most to map a new session onto its first worker: bounds the hashing to
+# about this many scores (a pool of n workers matches within n draws on average).
+MATCH_BUDGET = 64
+
+
+class SessionStore(Protocol):
+    """Where header and `user` sessions keep their pool (the cookie carries its own)."""
+
+    async def get(self, key: str) -> str | None:
+        """The pool `key` is pinned to (None: a new session); refreshes its lifetime."""
+        ...
+
+    async def put(self, key: str, pool: str) -> None:
+        """Pin `key` to `pool` for the session lifetime."""
+        ...
+
+
+class MemoryStore:
+    """`SessionStore` in this process: at most `max_entries`, least recently used out
+    first, each entry living `ttl_s` from its last use."""
+
+    def __init__(
+        self, ttl_s: float, max_entries: int, timer: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._pins: cachetools.TTLCache[str, str] = cachetools.TTLCache(max_entries, ttl_s, timer)
+
+    async def get(self, key: str) -> str | None:
+        pool = self._pins.get(key)
+        if pool is not None:
+            self._pins[key] = pool  # sliding: a used session lives on
+        return pool
+
+    async def put(self, key: str, pool: str) -> None:
+        self._pins[key] = pool
+
+    def __len__(self) -> int:
+        return len(self._pins)
+
+
+@dataclass(slots=True)
+class Placement:
+    """Where a request goes and what that did to its session."""
+
+    worker: Worker
+    key: str  # the session key (a new cookie session's id is made here)
+    new: bool = False  # placed by weights now (a new session, or a moved one)
+    moved_from: str = ""  # the pool it was pinned to, when it had to move
+    reason: str = ""  # why: "drained", "rolled_back", "removed", "unavailable"
+
+    @property
+    def pool(self) -> str:
+        return self.worker.pool
+
+
+class Pinning:
+    """Places requests on pools and keeps sessions there (see the module docstring)."""
+
+    def __init__(self, registry: PoolRegistry, store: SessionStore) -> None:
+        self.registry = registry
+        self.store = store
+        self.moves: dict[str, int] = {}  # by reason, for /metrics
+
+    async def place(self, model: str, key: str, pinned: str | None = None) -> Placement:
+        """A worker for a request of session `key` ("" = none yet: a new cookie session,
+        whose id is made here). `pinned`: the pool its cookie names; None: ask the store.
+        Raises ApiError as `PoolRegistry.pick` does."""
+        registry = self.registry
+        from_store = pinned is None
+        if from_store and key:
+            pinned = await self.store.get(key)
+        reason = ""
+        if pinned:
+            reason = registry.refuses_pin(pinned)
+            if not reason:
+                try:
+                    return Placement(registry.pick(model, key, pool=pinned), key)
+                except ApiError:
+                    reason = "unavailable"  # nothing left there for it: move on
+            self.moves[reason] = self.moves.get(reason, 0) + 1
+            log.debug("session moves off pool %s (%s)", pinned, reason)
+        if key:
+            worker = registry.pick(model, key)
+        else:
+            worker = registry.pick(model)
+            key = self._session_id(worker, model)
+        if from_store and key:
+            await self.store.put(key, worker.pool)
+        return Placement(worker, key, True, (pinned or "") if reason else "", reason)
+
+    def render_metrics(self) -> str:
+        out = Exposition()
+        out.family(
+            "sluice_edge_session_moves_total",
+            "counter",
+            "Pinned sessions that had to leave their pool, by why (drained, rolled_back, ...).",
+            [(labels(reason=r), n) for r, n in sorted(self.moves.items())],
+        )
+        return out.text()
+
+    def _session_id(self, worker: Worker, model: str) -> str:
+        """A fresh id that rendezvous maps to `worker` (best effort: MATCH_BUDGET)."""
+        candidates = self.registry.candidates(worker.pool, model)
+        tries = max(1, MATCH_BUDGET // max(1, len(candidates)))
+        sid = secrets.token_urlsafe(16)
+        if worker not in candidates:
+            return sid
+        for _ in range(tries):
+            if hrw(sid, candidates, lambda w: w.address) is worker:
+                break
+            sid = secrets.token_urlsafe(16)
+        return sid
