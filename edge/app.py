@@ -26,12 +26,17 @@ from edge.obs.record import ObsMiddleware
 from edge.security import tls
 from edge.security.auth import AuthMiddleware, KeyStore, load_keys
 from edge.security.cors import cors_middleware
-from edge.security.limits import LimitsMiddleware
+from edge.security.limits import Limits, LimitsMiddleware
+from edge.store.base import Store
+from edge.store.guarded import Guarded
+from edge.store.memory import MemoryStore as LocalStore
+from edge.store.pins import StorePins
+from edge.store.redis import RedisStore
 from edge.upstream import canary
 from edge.upstream.channel import ChannelFactory, channel_options
 from edge.upstream.registry import registry_from_config
 from edge.upstream.rollouts import Rollouts
-from edge.upstream.sessions import MemoryStore, Pinning
+from edge.upstream.sessions import MemoryStore, Pinning, SessionStore
 
 log = logging.getLogger("sluice.edge")
 
@@ -49,22 +54,39 @@ def channels(config: EdgeConfig) -> ChannelFactory:
     )
 
 
+def shared_store(config: EdgeConfig) -> Guarded | None:
+    """The shared store of limits and pins (`--store-url`), with its failure mode; None:
+    this process keeps its own."""
+    s = config.store
+    if not s.url:
+        return None
+    local = LocalStore(config.session.ttl_s, config.session.store_max)
+    return Guarded(RedisStore(s.url, s.timeout_s, s.prefix), local, s.failure == "open")
+
+
 def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
     """The edge as an ASGI app. Channels to workers open at startup, close at shutdown
     (after uvicorn has drained the in-flight streams)."""
     state = state or EdgeState(config)
     factory = channels(config)
+    shared = shared_store(config)
+    limits_store: Store = shared or LocalStore(config.session.ttl_s, 1)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         registry = state.registry = registry_from_config(config.routing, factory)
-        store = MemoryStore(config.session.ttl_s, config.session.store_max)
-        pinning = state.pinning = Pinning(registry, store)
+        pins: SessionStore = (
+            StorePins(shared, config.session.ttl_s)
+            if shared is not None
+            else MemoryStore(config.session.ttl_s, config.session.store_max)
+        )
+        pinning = state.pinning = Pinning(registry, pins)
         rollouts = state.rollouts = Rollouts(registry)
         state.metrics.extra = [
             registry.render_metrics,
             pinning.render_metrics,
             rollouts.render_metrics,
+            *([shared.render_metrics] if shared is not None else []),
         ]
         registry.start()
         registry.spawn(canary.watch(registry), "canary watch")
@@ -73,6 +95,7 @@ def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
             yield
         finally:
             await registry.close()
+            await limits_store.close()
 
     admin_key = config.routing.admin_key
     rest = Starlette(
@@ -85,10 +108,10 @@ def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
         lifespan=lifespan,
     )
     rest.state.edge = state
-    return secured(Dispatch(state, rest), config, state)
+    return secured(Dispatch(state, rest), config, state, limits_store)
 
 
-def secured(app: ASGIApp, config: EdgeConfig, state: EdgeState) -> ASGIApp:
+def secured(app: ASGIApp, config: EdgeConfig, state: EdgeState, store: Store) -> ASGIApp:
     """`app` inside limits, authentication, CORS and observation (the module docstring)."""
     sec = config.security
     keys = KeyStore(load_keys(sec.api_keys_file))
@@ -98,13 +121,10 @@ def secured(app: ASGIApp, config: EdgeConfig, state: EdgeState) -> ASGIApp:
     elif not admin_key:
         log.warning("no admin key ($SLUICE_ADMIN_KEY): /metrics and /admin are refused")
     metrics = state.metrics
-    app = LimitsMiddleware(
-        app,
-        sec.rate_limit_rps,
-        sec.rate_limit_burst,
-        sec.max_streams_per_key,
-        metrics.admission_rejections,
+    limits = Limits(
+        sec.rate_limit_rps, sec.rate_limit_burst, sec.max_streams_per_key, sec.tpm_limit
     )
+    app = LimitsMiddleware(app, limits, store, metrics.admission_rejections)
     app = AuthMiddleware(app, keys, admin_key, metrics.auth_failures)
     if sec.cors_origins:
         app = cors_middleware(app, sec.cors_origins)
