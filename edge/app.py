@@ -28,12 +28,14 @@ from edge.security.auth import AuthMiddleware, KeyStore, load_keys
 from edge.security.cors import cors_middleware
 from edge.security.limits import Limits, LimitsMiddleware
 from edge.store.base import Store
+from edge.store.control import Control
 from edge.store.guarded import Guarded
 from edge.store.memory import MemoryStore as LocalStore
 from edge.store.pins import StorePins
 from edge.store.redis import RedisStore
 from edge.upstream import canary
 from edge.upstream.channel import ChannelFactory, channel_options
+from edge.upstream.fleet import FleetSync
 from edge.upstream.registry import registry_from_config
 from edge.upstream.rollouts import Rollouts
 from edge.upstream.sessions import MemoryStore, Pinning, SessionStore
@@ -91,11 +93,18 @@ def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
         registry.start()
         registry.spawn(canary.watch(registry), "canary watch")
         registry.spawn(rollouts.watch(), "rollouts watch")
+        control = None
+        if config.store.url:  # admin changes reach every process of every replica
+            control = Control(config.store.url, config.store.timeout_s, config.store.prefix)
+            fleet = state.fleet = FleetSync(registry, control)
+            registry.spawn(fleet.watch(), "fleet watch")
         try:
             yield
         finally:
             await registry.close()
             await limits_store.close()
+            if control is not None:
+                await control.close()
 
     admin_key = config.routing.admin_key
     rest = Starlette(

@@ -23,7 +23,8 @@ ALLOWED = {
     "edge.upstream": {"edge.upstream", "edge.store", "edge.obs", "edge.errors", "edge.config"},
     "edge.stream": {"edge.stream", "edge.upstream", "edge.obs", "edge.errors", "edge.config"},
     "edge.api": {
-        "edge.api", "edge.stream", "edge.upstream", "edge.obs", "edge.errors", "edge.config",
+        "edge.api", "edge.stream", "edge.upstream", "edge.store", "edge.obs", "edge.errors",
+        "edge.config",
     },
 }  # fmt: skip
 BOOTSTRAP = {"edge.app", "edge.__main__", "edge"}

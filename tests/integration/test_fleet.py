@@ -1,5 +1,6 @@
-"""Limits that hold for a fleet: two edge replicas x two processes each, one real
-redis-server, a sim worker. Each test uses its own API key (limits are per key).
+"""One fleet: two edge replicas x two processes each, one real redis-server, sim
+workers. Limits that hold across all of them, admin changes and session pins that reach
+all of them. Each test uses its own API key (limits are per key).
 
 The rate test sends new connections so the kernel spreads them over both processes of
 both replicas; without the shared store each of the four would admit the whole rate.
@@ -24,7 +25,8 @@ from tests.redis_proc import RedisServer, redis_server
 
 pytestmark = pytest.mark.slow
 
-KEYS = ["rate", "streams", "tpm", "settle", "down", "closed"]
+KEYS = ["rate", "streams", "tpm", "settle", "down", "closed", "control"]
+ADMIN = "fleet-admin-key-0123456789"
 ENV = {**EDGE_ENV, "SLUICE_API_KEYS": ",".join(f"{k}:sk-{k}-0123456789abcdef" for k in KEYS)}
 RATE = 20.0
 LIMITS = ["--rate-limit", str(RATE), "--max-streams-per-key", "2", "--tpm-limit", "600"]
@@ -39,6 +41,7 @@ class Fleet:
     redis: RedisServer
     worker: Proc
     edges: list[Proc]
+    spare: Proc  # a second sim worker, in no pool at first
 
     @property
     def bases(self) -> list[str]:
@@ -49,18 +52,21 @@ class Fleet:
 def fleet(replicas: int, *edge_args: str) -> Iterator[Fleet]:
     with redis_server() as redis:
         worker = start_worker("--engine", "sim", "--sim-token-delay", "0.02")
+        spare = start_worker("--engine", "sim", "--sim-token-delay", "0.02")
         edges: list[Proc] = []
         try:
-            args = ["--worker", worker.address, "--store-url", redis.url, *LIMITS, *edge_args]
+            args = ["--worker", worker.address, "--store-url", redis.url, "--admin-key", ADMIN]
+            args += [*LIMITS, *edge_args]
             for _ in range(replicas):
                 edges.append(start_edge("--processes", "2", *args, env=ENV))
             for e in edges:
                 wait_ready(f"http://{e.address}")
-            yield Fleet(redis, worker, edges)
+            yield Fleet(redis, worker, edges, spare)
         finally:
             for e in edges:
                 e.kill()
             worker.kill()
+            spare.kill()
 
 
 @pytest.fixture(scope="module")
@@ -303,3 +309,53 @@ def test_redis_stopped_fails_closed_with_503_then_recovers():
         assert statuses <= {200, 429, 503}, load.seen  # never a 500
         assert load.seen["down"][503] > 0 and load.seen["down"][200] == 0, load.seen
         assert load.retry_after_missing == 0
+
+
+def pool_of(base: str, session: str = "") -> str:
+    """The pool a chat request (of `session`, else a new one) was served from."""
+    headers = {**auth("control"), **({"x-session-id": session} if session else {})}
+    with httpx.Client(timeout=5) as c:  # its own connection: any process of the replica
+        r = c.post(f"{base}/v1/chat/completions", json=chat(2, stream=False), headers=headers)
+    assert r.status_code == 200, r.text
+    return r.headers["x-sluice-pool"]
+
+
+def test_an_admin_change_on_one_replica_steers_the_others_within_a_second(two):
+    a, b = two.bases
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    assert pool_of(b, "pinned-session") == "default"  # pinned in Redis by replica B
+    with httpx.Client(timeout=5, headers=admin) as c:
+        spec = {"name": "v2", "version": "2", "weight": 0, "workers": [two.spare.address]}
+        assert c.post(f"{a}/admin/pools", json=spec).status_code == 201
+        deadline = time.monotonic() + 10
+        while not c.get(f"{b}/readyz").is_success or not any(
+            w["status"] == "SERVING"
+            for p in c.get(f"{b}/admin/pools").json()["pools"]
+            if p["name"] == "v2"
+            for w in p["workers"]
+        ):
+            assert time.monotonic() < deadline, "the new pool never reached replica B"
+            time.sleep(0.02)
+        assert c.put(f"{a}/admin/pools/default/weight", json={"weight": 0}).status_code == 200
+        t0 = time.monotonic()
+        assert c.put(f"{a}/admin/pools/v2/weight", json={"weight": 1}).status_code == 200
+    streak = 0  # new sessions on B, each on a new connection (either process)
+    while streak < 6:
+        streak = streak + 1 if pool_of(b) == "v2" else 0
+        assert time.monotonic() - t0 < 1.0 or streak, "replica B not steered within 1 s"
+        assert time.monotonic() - t0 < 3.0
+    # A pinned session keeps its pool on every replica (its pin is in Redis).
+    assert pool_of(a, "pinned-session") == "default"
+    # A replica started now reads the fleet's state at start-up.
+    late = start_edge(
+        "--worker", two.worker.address, "--store-url", two.redis.url, "--admin-key", ADMIN,
+        env=ENV,
+    )  # fmt: skip
+    try:
+        base = f"http://{late.address}"
+        wait_ready(base)
+        with httpx.Client(timeout=5, headers=admin) as c:
+            pools = {p["name"]: p["weight"] for p in c.get(f"{base}/admin/pools").json()["pools"]}
+        assert pools == {"default": 0, "v2": 1}
+    finally:
+        late.kill()
