@@ -22,6 +22,7 @@ from edge.api.routes import PAGE_ROUTES, ROUTE_LABELS, Dispatch
 from edge.api.state import EdgeState
 from edge.config import EdgeConfig
 from edge.errors import ApiError
+from edge.obs.multiproc import SharedMetrics
 from edge.obs.record import ObsMiddleware
 from edge.security import tls
 from edge.security.auth import AuthMiddleware, KeyStore, load_keys
@@ -93,6 +94,10 @@ def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
         registry.start()
         registry.spawn(canary.watch(registry), "canary watch")
         registry.spawn(rollouts.watch(), "rollouts watch")
+        if config.server.metrics_dir:
+            merged = SharedMetrics(config.server.metrics_dir, lambda: pages.render_metrics(state))
+            state.shared_metrics = merged
+            registry.spawn(merged.run(), "metrics writer")
         control = None
         if config.store.url:  # admin changes reach every process of every replica
             control = Control(config.store.url, config.store.timeout_s, config.store.prefix)

@@ -60,6 +60,9 @@ class ServerConfig:
     access_log: bool = option(False, "--access-log", "log every request", action="store_true")
     log_level: str = option("info", "--log-level", "log level")
     log_format: str = option("text", "--log-format", "text or json", choices=("text", "json"))
+    # Made by the parent of `--processes N` > 1: each process writes its metrics there
+    # and /metrics merges them (`edge.obs.multiproc`).
+    metrics_dir: str = ""
 
 
 @dataclass(slots=True)

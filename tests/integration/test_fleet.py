@@ -359,3 +359,22 @@ def test_an_admin_change_on_one_replica_steers_the_others_within_a_second(two):
         assert pools == {"default": 0, "v2": 1}
     finally:
         late.kill()
+
+
+def requests_counted(base: str) -> float:
+    text = httpx.get(f"{base}/metrics", headers={"authorization": f"Bearer {ADMIN}"}).text
+    head = 'sluice_edge_requests_total{route="/health",status="200"} '
+    return sum(float(line[len(head) :]) for line in text.splitlines() if line.startswith(head))
+
+
+def test_metrics_of_a_replica_add_up_over_its_processes(two):
+    a = two.bases[0]
+    before = requests_counted(a)
+    with httpx.Client(limits=httpx.Limits(max_keepalive_connections=0), timeout=5) as c:
+        for _ in range(12):  # new connections: both processes take some
+            assert c.get(f"{a}/health").status_code == 200  # a route no other test calls
+    deadline = time.monotonic() + 3  # the other process writes its figures every 0.5 s
+    while requests_counted(a) < before + 12:
+        assert time.monotonic() < deadline, (before, requests_counted(a))
+        time.sleep(0.05)
+    assert requests_counted(a) == before + 12
