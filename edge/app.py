@@ -92,17 +92,18 @@ def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
             *([shared.render_metrics] if shared is not None else []),
         ]
         registry.start()
-        registry.spawn(canary.watch(registry), "canary watch")
-        registry.spawn(rollouts.watch(), "rollouts watch")
         if config.server.metrics_dir:
             merged = SharedMetrics(config.server.metrics_dir, lambda: pages.render_metrics(state))
             state.shared_metrics = merged
             registry.spawn(merged.run(), "metrics writer")
         control = None
-        if config.store.url:  # admin changes reach every process of every replica
+        if config.store.url:  # admin changes and rollbacks reach every process and replica
             control = Control(config.store.url, config.store.timeout_s, config.store.prefix)
             fleet = state.fleet = FleetSync(registry, control)
             registry.spawn(fleet.watch(), "fleet watch")
+        publish = state.fleet.publish if state.fleet is not None else None
+        registry.spawn(canary.watch(registry, publish), "canary watch")
+        registry.spawn(rollouts.watch(), "rollouts watch")
         try:
             yield
         finally:

@@ -25,7 +25,7 @@ from tests.redis_proc import RedisServer, redis_server
 
 pytestmark = pytest.mark.slow
 
-KEYS = ["rate", "streams", "tpm", "settle", "down", "closed", "control"]
+KEYS = ["rate", "streams", "tpm", "settle", "down", "closed", "control", "canary"]
 ADMIN = "fleet-admin-key-0123456789"
 ENV = {**EDGE_ENV, "SLUICE_API_KEYS": ",".join(f"{k}:sk-{k}-0123456789abcdef" for k in KEYS)}
 RATE = 20.0
@@ -378,3 +378,69 @@ def test_metrics_of_a_replica_add_up_over_its_processes(two):
         assert time.monotonic() < deadline, (before, requests_counted(a))
         time.sleep(0.05)
     assert requests_counted(a) == before + 12
+
+
+def pools_seen(base: str) -> list[dict[str, object]]:
+    """Pool `broken` as 6 requests on new connections saw it (both processes)."""
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    seen = []
+    with httpx.Client(limits=httpx.Limits(max_keepalive_connections=0), timeout=5) as c:
+        for _ in range(6):
+            pools = c.get(f"{base}/admin/pools", headers=admin).json()["pools"]
+            seen.append(next(p for p in pools if p["name"] == "broken"))
+    return seen
+
+
+def test_a_canary_rolled_back_by_one_process_drops_to_0_on_every_replica(two):
+    """Only replica A's one connection sees the failures; every process drains it."""
+    a, b = two.bases
+    tiny = start_worker("--engine", "sim", "--max-model-len", "24")  # every long prompt: 400
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    long_prompt = {"messages": [{"role": "user", "content": "word " * 40}], "max_tokens": 2}
+    try:
+        spec = {
+            "name": "broken",
+            "weight": 2,
+            "workers": [tiny.address],
+            "rollback": {"max_error_rate": 0.3, "window_s": 30, "min_requests": 8},
+        }
+        with httpx.Client(timeout=5) as c:  # one connection: one process of replica A
+            assert c.post(f"{a}/admin/pools", json=spec, headers=admin).status_code == 201
+            deadline = time.monotonic() + 10
+            while not any(
+                w["status"] == "SERVING"
+                for p in c.get(f"{a}/admin/pools", headers=admin).json()["pools"]
+                if p["name"] == "broken"
+                for w in p["workers"]
+            ):
+                assert time.monotonic() < deadline, "the canary's worker never served"
+                time.sleep(0.02)
+            deadline = time.monotonic() + 20
+            codes: Counter[int] = Counter()
+            while True:
+                pool = next(
+                    p
+                    for p in c.get(f"{a}/admin/pools", headers=admin).json()["pools"]
+                    if p["name"] == "broken"
+                )
+                if pool["weight"] == 0:
+                    break
+                assert time.monotonic() < deadline, ("no rollback", codes, pool)
+                new_session = {**auth("canary"), "x-session-id": f"s{sum(codes.values())}"}
+                c.cookies.clear()  # a new session each time: placed by the weights
+                r = c.post(f"{a}/v1/chat/completions", json=long_prompt, headers=new_session)
+                codes[r.status_code] += 1
+                assert r.status_code in (200, 400, 429), r.text
+                if r.status_code == 429:  # the key's rate: as the server says
+                    time.sleep(float(r.headers["retry-after"]))
+            t0 = time.monotonic()
+        while True:
+            seen = [p for base in (a, b) for p in pools_seen(base)]
+            if all(p["weight"] == 0 for p in seen):
+                break
+            assert time.monotonic() - t0 < 1.0, seen
+        assert {p["draining"] for p in seen} == {"rolled_back"}
+    finally:
+        with httpx.Client(timeout=5) as c:
+            c.delete(f"{a}/admin/pools/broken", headers=admin)
+        tiny.kill()
