@@ -17,6 +17,7 @@ help: ## List targets
 setup: ## Create .venv and install everything (engine included); quick when done already
 	@bash scripts/setup.sh
 	@bash scripts/deploy/install_nginx.sh   # nginx + h2load/nghttp for the nginx tests; no-op when present
+	@bash scripts/deploy/install_redis.sh   # Debian's redis-server for the fleet tests; no-op when present
 	@bash scripts/install_chromium.sh       # Debian's chromium for the browser test; no-op when present
 
 protos: setup ## Regenerate generated/ from protos/

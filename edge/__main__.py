@@ -19,9 +19,11 @@ import gc
 import logging
 import logging.config
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 from pathlib import Path
 from types import FrameType
 
@@ -157,12 +159,17 @@ def main(argv: list[str] | None = None) -> int:
     sock = bind(s.host, s.port, s.socket_sndbuf)
     port = sock.getsockname()[1]
     if s.processes > 1:
-        # Each process builds its own app (own channels, own metrics) from the environment.
+        # Each process builds its own app (own channels, own metrics) from the environment;
+        # their metrics meet in one directory, which /metrics in any of them merges.
+        edge.server.metrics_dir = tempfile.mkdtemp(prefix="sluice-edge-metrics-")
         os.environ[ENV_VAR] = edge.to_env()
         config = uvicorn_config("edge.app:app_from_env", edge, factory=True, workers=s.processes)
         if s.port_file:
             write_port_file(s.port_file, port)  # the listening socket queues until they accept
-        Multiprocess(config, sockets=[sock]).run()
+        try:
+            Multiprocess(config, sockets=[sock]).run()
+        finally:
+            shutil.rmtree(edge.server.metrics_dir, ignore_errors=True)
         return 0
     state = EdgeState(edge)
     server = EdgeServer(uvicorn_config(create_app(edge, state), edge), edge, state, port)

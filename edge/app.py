@@ -23,16 +23,24 @@ from edge.api.state import EdgeState
 from edge.config import EdgeConfig
 from edge.errors import ApiError
 from edge.obs import tracing
+from edge.obs.multiproc import SharedMetrics
 from edge.obs.record import ObsMiddleware
 from edge.security import tls
 from edge.security.auth import AuthMiddleware, KeyStore, load_keys
 from edge.security.cors import cors_middleware
-from edge.security.limits import LimitsMiddleware
+from edge.security.limits import Limits, LimitsMiddleware
+from edge.store.base import Store
+from edge.store.control import Control
+from edge.store.guarded import Guarded
+from edge.store.memory import MemoryStore as LocalStore
+from edge.store.pins import StorePins
+from edge.store.redis import RedisStore
 from edge.upstream import canary
 from edge.upstream.channel import ChannelFactory, channel_options
+from edge.upstream.fleet import FleetSync
 from edge.upstream.registry import registry_from_config
 from edge.upstream.rollouts import Rollouts
-from edge.upstream.sessions import MemoryStore, Pinning
+from edge.upstream.sessions import MemoryStore, Pinning, SessionStore
 
 log = logging.getLogger("sluice.edge")
 
@@ -50,32 +58,62 @@ def channels(config: EdgeConfig) -> ChannelFactory:
     )
 
 
+def shared_store(config: EdgeConfig) -> Guarded | None:
+    """The shared store of limits and pins (`--store-url`), with its failure mode; None:
+    this process keeps its own."""
+    s = config.store
+    if not s.url:
+        return None
+    local = LocalStore(config.session.ttl_s, config.session.store_max)
+    return Guarded(RedisStore(s.url, s.timeout_s, s.prefix), local, s.failure == "open")
+
+
 def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
     """The edge as an ASGI app. Channels to workers open at startup, close at shutdown
     (after uvicorn has drained the in-flight streams)."""
     state = state or EdgeState(config)
     factory = channels(config)
     tracing.setup(config.server.otlp_endpoint)  # off unless an OTLP endpoint is set
+    shared = shared_store(config)
+    limits_store: Store = shared or LocalStore(config.session.ttl_s, 1)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         registry = state.registry = registry_from_config(config.routing, factory)
-        store = MemoryStore(config.session.ttl_s, config.session.store_max)
-        pinning = state.pinning = Pinning(registry, store)
+        pins: SessionStore = (
+            StorePins(shared, config.session.ttl_s)
+            if shared is not None
+            else MemoryStore(config.session.ttl_s, config.session.store_max)
+        )
+        pinning = state.pinning = Pinning(registry, pins)
         rollouts = state.rollouts = Rollouts(registry)
         state.metrics.extra = [
             registry.render_metrics,
             pinning.render_metrics,
             rollouts.render_metrics,
+            *([shared.render_metrics] if shared is not None else []),
         ]
         registry.start()
-        registry.spawn(canary.watch(registry), "canary watch")
+        if config.server.metrics_dir:
+            merged = SharedMetrics(config.server.metrics_dir, lambda: pages.render_metrics(state))
+            state.shared_metrics = merged
+            registry.spawn(merged.run(), "metrics writer")
+        control = None
+        if config.store.url:  # admin changes and rollbacks reach every process and replica
+            control = Control(config.store.url, config.store.timeout_s, config.store.prefix)
+            fleet = state.fleet = FleetSync(registry, control)
+            registry.spawn(fleet.watch(), "fleet watch")
+        publish = state.fleet.publish if state.fleet is not None else None
+        registry.spawn(canary.watch(registry, publish), "canary watch")
         registry.spawn(rollouts.watch(), "rollouts watch")
         try:
             yield
         finally:
             await registry.close()
             tracing.shutdown()  # flushes the last spans
+            await limits_store.close()
+            if control is not None:
+                await control.close()
 
     admin_key = config.routing.admin_key
     rest = Starlette(
@@ -88,10 +126,10 @@ def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
         lifespan=lifespan,
     )
     rest.state.edge = state
-    return secured(Dispatch(state, rest), config, state)
+    return secured(Dispatch(state, rest), config, state, limits_store)
 
 
-def secured(app: ASGIApp, config: EdgeConfig, state: EdgeState) -> ASGIApp:
+def secured(app: ASGIApp, config: EdgeConfig, state: EdgeState, store: Store) -> ASGIApp:
     """`app` inside limits, authentication, CORS and observation (the module docstring)."""
     sec = config.security
     keys = KeyStore(load_keys(sec.api_keys_file))
@@ -101,13 +139,10 @@ def secured(app: ASGIApp, config: EdgeConfig, state: EdgeState) -> ASGIApp:
     elif not admin_key:
         log.warning("no admin key ($SLUICE_ADMIN_KEY): /metrics and /admin are refused")
     metrics = state.metrics
-    app = LimitsMiddleware(
-        app,
-        sec.rate_limit_rps,
-        sec.rate_limit_burst,
-        sec.max_streams_per_key,
-        metrics.admission_rejections,
+    limits = Limits(
+        sec.rate_limit_rps, sec.rate_limit_burst, sec.max_streams_per_key, sec.tpm_limit
     )
+    app = LimitsMiddleware(app, limits, store, metrics.admission_rejections)
     app = AuthMiddleware(app, keys, admin_key, metrics.auth_failures)
     if sec.cors_origins:
         app = cors_middleware(app, sec.cors_origins)

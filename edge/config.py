@@ -6,6 +6,7 @@
       routing     pools, retries, continuation, passive health
       session     the sticky session cookie and the pinning store
       security    API keys, limits, CORS
+      store       the shared store (Redis) limits and pins live in, its failure mode
       worker_tls  TLS / mTLS towards the workers
 
 Each field with a flag is declared with `option(default, "--flag", "help")`; the parser
@@ -64,6 +65,9 @@ class ServerConfig:
     log_format: str = option("text", "--log-format", "text or json", choices=("text", "json"))
     # Tracing (edge/obs/tracing.py): on with an endpoint here or in OTEL_EXPORTER_OTLP_*.
     otlp_endpoint: str = option("", "--otlp-endpoint", "OTLP/gRPC endpoint for traces (on)")
+    # Made by the parent of `--processes N` > 1: each process writes its metrics there
+    # and /metrics merges them (`edge.obs.multiproc`).
+    metrics_dir: str = ""
 
 
 @dataclass(slots=True)
@@ -185,10 +189,29 @@ class SecurityConfig:
     rate_limit_rps: float = option(0.0, "--rate-limit", "requests per second per key (0: off)")
     rate_limit_burst: int = option(0, "--rate-burst", "token bucket depth (0: the rate)")
     max_streams_per_key: int = option(0, "--max-streams-per-key", "generations in flight per key")
+    tpm_limit: int = option(0, "--tpm-limit", "tokens per minute per key (0: off)")
     max_prompt_chars: int = option(0, "--max-prompt-chars", "longest prompt, characters (0: off)")
     cors_origins: list[str] = option(
         [], "--cors-origin", "browser origin allowed (repeat; '*': any)", action="append"
     )
+
+
+@dataclass(slots=True)
+class StoreConfig:
+    """Where limits and session pins live (`edge.store`): this process, or Redis shared by
+    every process and replica."""
+
+    url: str = option(
+        "", "--store-url", "shared store, redis://host:port/db ('': this process only)"
+    )
+    failure: str = option(
+        "open",
+        "--store-failure",
+        "when the shared store fails: open (local limits) or closed (503)",
+        choices=("open", "closed"),
+    )
+    timeout_s: float = option(0.25, "--store-timeout", "longest wait for one store operation, s")
+    prefix: str = option("sluice", "--store-prefix", "prefix of every key in the shared store")
 
 
 @dataclass(slots=True)
@@ -214,6 +237,7 @@ class EdgeConfig:
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     session: SessionConfig = field(default_factory=SessionConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
     worker_tls: WorkerTLSConfig = field(default_factory=WorkerTLSConfig)
 
     def to_env(self) -> str:
@@ -235,6 +259,7 @@ SECTIONS: dict[str, Any] = {
     "routing": RoutingConfig,
     "session": SessionConfig,
     "security": SecurityConfig,
+    "store": StoreConfig,
     "worker_tls": WorkerTLSConfig,
 }
 
@@ -287,10 +312,14 @@ def check(config: EdgeConfig) -> None:
         raise SystemExit("--max-tries must be at least 1, --retry-budget/--max-fails >= 0")
     if r.load_interval_s < 0 or r.prefix_block_chars < 1 or r.prefix_index_blocks < 1:
         raise SystemExit("--load-interval >= 0, --prefix-block-chars/--prefix-index-blocks >= 1")
-    if min(sec.rate_limit_rps, sec.rate_limit_burst, sec.max_streams_per_key) < 0:
+    if min(sec.rate_limit_rps, sec.rate_limit_burst, sec.max_streams_per_key, sec.tpm_limit) < 0:
         raise SystemExit("limits must be >= 0")
     if sec.max_prompt_chars < 0:
         raise SystemExit("--max-prompt-chars must be >= 0")
+    if config.store.url and not config.store.url.startswith(("redis://", "rediss://", "unix://")):
+        raise SystemExit("--store-url must be redis://, rediss:// or unix://")
+    if config.store.timeout_s <= 0:
+        raise SystemExit("--store-timeout must be positive")
     if config.session.ttl_s <= 0 or config.session.store_max < 1:
         raise SystemExit("--session-ttl must be positive, --session-store-max at least 1")
     if config.session.samesite == "none" and not config.session.secure:

@@ -19,7 +19,10 @@ Changes apply to new requests at once and never move an in-flight stream.
     GET    /admin/rollouts/{id}                  one rollout
     POST   /admin/rollouts/{id}/{action}         pause, resume, abort
 
-State is per edge process: with `--processes N` > 1 each process has its own.
+With a shared store (`--store-url`), a change to the pools is published as the fleet's
+new state (`edge.upstream.fleet`) and applied by every process of every replica within
+about a second; if it cannot be published, the answer is 503 (applied here only).
+Without one, and for rollouts, state is per edge process.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from edge.errors import ApiError, error_response
+from edge.store.base import StoreUnavailable
 from edge.upstream.plans import parse_plan
 from edge.upstream.pools import PoolConfigError, parse_pool, parse_weight
 from edge.upstream.registry import PoolRegistry
@@ -58,13 +62,28 @@ async def _body(request: Request) -> dict[str, Any]:
     return body
 
 
-def _admin(handler: Any) -> Any:
-    """Wrap a handler(request, registry): errors as JSON (the key was checked already)."""
+def _admin(handler: Any, publish: bool = False) -> Any:
+    """Wrap a handler(request, registry): errors as JSON (the key was checked already);
+    `publish`: it changes the pools, which the fleet then applies too."""
 
     async def endpoint(request: Request) -> Response:
         try:
             registry: PoolRegistry = request.app.state.edge.workers()
-            return await handler(request, registry)  # type: ignore[no-any-return]
+            response: Response = await handler(request, registry)
+            fleet = request.app.state.edge.fleet
+            if publish and fleet is not None:
+                await fleet.publish()
+            return response
+        except StoreUnavailable as exc:
+            err = ApiError(
+                503,
+                f"changed on this edge process only: the fleet's store failed ({exc})",
+                type="server_error",
+                code="fleet_unavailable",
+                retryable=True,
+                retry_after_s=1.0,
+            )
+            return error_response(err)
         except PoolConfigError as exc:
             return error_response(ApiError(400, str(exc), code="invalid_value"))
         except ApiError as err:
@@ -163,13 +182,17 @@ async def act_on_rollout(request: Request, registry: PoolRegistry) -> Response:
 
 ROUTES = [
     Route("/admin/pools", _admin(list_pools), methods=["GET"]),
-    Route("/admin/pools", _admin(create_pool), methods=["POST"]),
+    Route("/admin/pools", _admin(create_pool, publish=True), methods=["POST"]),
     Route("/admin/pools/{name}", _admin(get_pool), methods=["GET"]),
-    Route("/admin/pools/{name}", _admin(delete_pool), methods=["DELETE"]),
-    Route("/admin/pools/{name}/weight", _admin(set_weight), methods=["PUT"]),
-    Route("/admin/pools/{name}/workers", _admin(add_worker), methods=["POST"]),
-    Route("/admin/pools/{name}/workers/{worker}", _admin(remove_worker), methods=["DELETE"]),
-    Route("/admin/pools/{name}/drain", _admin(drain_pool), methods=["POST"]),
+    Route("/admin/pools/{name}", _admin(delete_pool, publish=True), methods=["DELETE"]),
+    Route("/admin/pools/{name}/weight", _admin(set_weight, publish=True), methods=["PUT"]),
+    Route("/admin/pools/{name}/workers", _admin(add_worker, publish=True), methods=["POST"]),
+    Route(
+        "/admin/pools/{name}/workers/{worker}",
+        _admin(remove_worker, publish=True),
+        methods=["DELETE"],
+    ),
+    Route("/admin/pools/{name}/drain", _admin(drain_pool, publish=True), methods=["POST"]),
     Route("/admin/rollouts", _admin(list_rollouts), methods=["GET"]),
     Route("/admin/rollouts", _admin(start_rollout), methods=["POST"]),
     Route("/admin/rollouts/{rid}", _admin(get_rollout), methods=["GET"]),

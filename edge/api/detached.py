@@ -4,7 +4,8 @@
 grace, until its link is opened. Its stream slot (`--max-streams-per-key`) is kept past
 the POST: released when a reader of the link gets the final message, or when the grace
 runs out with nobody reading (the worker aborts the generation then too). A reader that
-leaves early starts the grace again. Per edge process, as the limits themselves.
+leaves early starts the grace again. The hold is this process's (the link is read
+through it or its grace ends here); the slot itself is in the limits' store.
 """
 
 from __future__ import annotations

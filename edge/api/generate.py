@@ -29,6 +29,7 @@ from edge.api.schema import (
     Kind,
     check_prompt,
     decode_body,
+    most_tokens,
     parse_chat,
     parse_completion,
 )
@@ -127,6 +128,9 @@ async def _prepare(state: EdgeState, request: Request, kind: Kind) -> Prepared:
     cfg = state.config
     req = _PARSERS[kind](decode_body(await read_body(request, cfg.server.max_body_bytes)))
     check_prompt(req, cfg.security.max_prompt_chars)
+    reserve = record_of(request.scope).reserve
+    if reserve is not None:  # a tokens-per-minute limit: 429 here, before any worker
+        await reserve(most_tokens(req))
     request_id = new_request_id()
     owner = state.codec.tag(record_of(request.scope).caller or "")
     start = req.to_start("")  # the request alone, for its tag; then ours

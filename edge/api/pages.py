@@ -59,9 +59,16 @@ async def readyz(request: Request) -> Response:
 async def metrics(request: Request) -> Response:
     """Prometheus text exposition."""
     state = _state(request)
+    if state.shared_metrics is not None:  # --processes N: every process's, merged
+        return Response(state.shared_metrics.collect(), media_type=CONTENT_TYPE)
+    return Response(render_metrics(state), media_type=CONTENT_TYPE)
+
+
+def render_metrics(state: EdgeState) -> bytes:
+    """This process's metrics."""
     registry = state.registry
     serving = sum(w.serving for w in registry.workers) if registry is not None else 0
-    return Response(state.metrics.render(serving), media_type=CONTENT_TYPE)
+    return state.metrics.render(serving)
 
 
 async def list_models(request: Request) -> Response:

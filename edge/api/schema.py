@@ -350,6 +350,21 @@ __all__ = [
 ]
 
 
+# Tokens reserved against a tokens-per-minute limit for a request without max_tokens
+# (its real usage settles it at the end).
+UNBOUNDED_RESERVE = 1024
+
+
+def most_tokens(req: GenRequest) -> int:
+    """What a generation may cost at most, for a tokens-per-minute reservation: its
+    max_tokens for each choice plus its prompt (about 4 characters a token)."""
+    if req.messages is not None:
+        chars = sum(len(m.content) for m in req.messages)
+    else:
+        chars = len(req.prompt or "")
+    return (req.max_tokens or UNBOUNDED_RESERVE) * max(1, req.n) + chars // 4 + 1
+
+
 def check_prompt(req: GenRequest, max_chars: int) -> None:
     """400 when the prompt is longer than `max_chars` characters (0: no limit)."""
     if max_chars <= 0:

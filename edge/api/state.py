@@ -12,7 +12,9 @@ from edge.api.detached import DetachedStreams
 from edge.config import EdgeConfig
 from edge.errors import no_worker
 from edge.obs.metrics import Metrics
+from edge.obs.multiproc import SharedMetrics
 from edge.stream.ids import ResumeCodec
+from edge.upstream.fleet import FleetSync
 from edge.upstream.registry import PoolRegistry
 from edge.upstream.rollouts import Rollouts
 from edge.upstream.sessions import Pinning
@@ -25,6 +27,8 @@ class EdgeState:
     registry: PoolRegistry | None = None  # set at startup (lifespan), as are...
     pinning: Pinning | None = None  # ... the sessions' pools
     rollouts: Rollouts | None = None  # ... and the rollout plans
+    fleet: FleetSync | None = None  # ... and, with a shared store, the fleet's pools
+    shared_metrics: SharedMetrics | None = None  # --processes N: /metrics for them all
     draining: bool = False
     codec: ResumeCodec = field(init=False)
     detached: DetachedStreams = field(init=False)  # browser streams' held slots

@@ -1,6 +1,7 @@
 """The edge's own counters and histograms, and their exposition (`/metrics`).
 
-Values are per edge process; with `--processes N` each process reports its own. The hot
+Values are per edge process; with `--processes N` a scrape merges every process's
+(`edge.obs.multiproc`). The hot
 path touches plain ints and `Histogram`s only: one `event_written` call per SSE event
 (its write overhead and the gap since the stream's previous event, one clock read).
 """

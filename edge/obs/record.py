@@ -16,7 +16,7 @@ labels stay few and capabilities never become label values.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 from starlette.routing import compile_path
@@ -46,6 +46,9 @@ class RequestRecord:
     # Set by the limits while a stream slot is held: keeps the slot past this request
     # and returns its release (a detached generation holds it).
     keep_slot: Callable[[], Callable[[], None]] | None = None
+    # Set by the limits when a tokens-per-minute limit applies: reserves a generation's
+    # most tokens (raises the 429) and settles them with its usage at the end.
+    reserve: Callable[[int], Awaitable[None]] | None = None
     # Added to the response's headers as it starts, whatever response it is (the session
     # cookie and the pool a generation went to: `edge.api.affinity`).
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)

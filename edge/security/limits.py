@@ -1,65 +1,69 @@
-"""Per-key limits at the edge: requests per second, concurrent generations, prompt size.
+"""Per-key limits at the edge: requests per second, concurrent generations, tokens per
+minute, prompt size; kept in a store so that they hold for the whole fleet.
 
 - Rate: a token bucket per caller (`--rate-limit` per second, `--rate-burst` deep) over
   every request that needs an API key. Past it: 429 `rate_limit_exceeded` with
   Retry-After (when the bucket holds a token again).
 - Concurrency: at most `--max-streams-per-key` generations (`/v1/chat/completions`,
-  `/v1/completions`, streamed or not, and browser streams: `POST /v1/streams` keeps its
-  slot while its detached generation may still run, see `edge.api.detached`) in flight
-  per caller. Past it: 429
-  `concurrency_limit_exceeded`. A slot is held until the response's last byte is sent
-  (the record's `on_complete`, run by `edge.obs.record`'s send wrapper) or the request's
-  ASGI call returns, whichever comes first: the stream ended, or the client went away
-  (the response notices a disconnect at once and returns).
+  `/v1/completions`, `/v1/responses`, streamed or not, and browser streams: `POST
+  /v1/streams` keeps its slot while its detached generation may still run, see
+  `edge.api.detached`) in flight per caller. Past it: 429 `concurrency_limit_exceeded`.
+  A slot is a lease in the store, held until the response's last byte is sent (the
+  record's `on_complete`, run by `edge.obs.record`'s send wrapper) or the request's ASGI
+  call returns, whichever comes first: the stream ended, or the client went away.
+- Tokens: `--tpm-limit` tokens (prompt + completion) per minute per caller, a bucket
+  refilling at a 60th of it a second. A generation reserves its most (`max_tokens` x n
+  plus the prompt's characters / 4) once its body is parsed (`rec.reserve`, called by
+  `edge.api.generate`), and settles with its real usage at the end, giving back what it
+  did not use (or owing what it used beyond). Past it: 429 `tokens_limit_exceeded`
+  with Retry-After from the bucket. A generation whose usage is unknown at its end (the
+  client left mid-stream, a browser stream detached) keeps its reservation.
 
 The prompt's size (`--max-prompt-chars`) is checked with the request's other fields
 (`edge.api`); the body itself is bounded by `--max-body-bytes` (413).
 
 The caller is the API key's name (set by `edge.security.auth` in the request's record);
 with authentication off, every request is the one caller "anonymous", so the limits
-become edge-wide. State is per edge
-process: with `--processes N` (or N replicas) a key gets up to N times the limits.
+become edge-wide. Where the state lives is the store's business (`edge.store`): this
+process alone by default, the whole fleet with `--store-url`; when the shared store
+fails, its failure mode decides (local limits, or 503 with Retry-After).
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
-import time
-from collections import defaultdict
-from collections.abc import Callable
+import secrets
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from edge.errors import ApiError, error_response
-from edge.obs.record import record_of
+from edge.obs.record import RequestRecord, record_of
+from edge.store.base import Store, StoreUnavailable
+from edge.store.memory import TokenBucket
+
+__all__ = ["LimitsMiddleware", "TokenBucket", "rate_limited"]
 
 GENERATION_PATHS = frozenset(
     {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/streams"}
 )
 CONCURRENCY_RETRY_S = 1.0  # no way to know when a stream ends: a plain hint
+# A stream slot's lease in the store lapses this long after its holder stops renewing
+# it (the store renews it every third of that while the stream runs).
+LEASE_TTL_S = 30.0
 
 
 @dataclass(slots=True)
-class TokenBucket:
-    """`rate` tokens a second, at most `burst` stored; one token per request."""
+class Limits:
+    """The per-key limits (0: off)."""
 
-    rate: float
-    burst: float
-    tokens: float = -1.0  # -1: full on first use
-    stamp: float = 0.0
-
-    def take(self, now: float) -> float:
-        """0 if a token was taken, else seconds until one is there."""
-        if self.tokens < 0:
-            self.tokens = self.burst
-        else:
-            self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
-        self.stamp = now
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
-            return 0.0
-        return (1.0 - self.tokens) / self.rate
+    rate: float = 0.0
+    burst: int = 0
+    max_streams: int = 0
+    tpm: int = 0
 
 
 def rate_limited(wait_s: float) -> ApiError:
@@ -68,6 +72,18 @@ def rate_limited(wait_s: float) -> ApiError:
         "Rate limit reached for this API key; retry after the Retry-After delay.",
         type="rate_limit_error",
         code="rate_limit_exceeded",
+        retryable=True,
+        retry_after_s=max(wait_s, 0.001),
+    )
+
+
+def tokens_limited(wait_s: float, limit: int) -> ApiError:
+    return ApiError(
+        429,
+        f"Tokens per minute limit ({limit}) reached for this API key; retry after the "
+        "Retry-After delay, or ask for fewer max_tokens.",
+        type="tokens",
+        code="tokens_limit_exceeded",
         retryable=True,
         retry_after_s=max(wait_s, 0.001),
     )
@@ -85,24 +101,31 @@ def too_many_streams(limit: int) -> ApiError:
     )
 
 
+def store_down(exc: StoreUnavailable) -> ApiError:
+    return ApiError(
+        503,
+        "The edge cannot check this key's limits now (its shared store is unavailable); "
+        "retry after the Retry-After delay.",
+        type="server_error",
+        code="limits_unavailable",
+        retryable=True,
+        retry_after_s=max(exc.retry_after_s, 0.001),
+    )
+
+
 class LimitsMiddleware:
-    """Rate and concurrency limits for requests that carry a caller (see module doc)."""
+    """Rate, concurrency and token limits for requests that carry a caller (module doc)."""
 
     def __init__(
-        self,
-        app: ASGIApp,
-        rate: float,
-        burst: int,
-        max_streams: int,
-        rejections: dict[str, int],
+        self, app: ASGIApp, limits: Limits, store: Store, rejections: dict[str, int]
     ) -> None:
         self.app = app
-        self.rate = rate
-        self.burst = float(burst or max(1, math.ceil(rate)))
-        self.max_streams = max_streams
+        self.limits = limits
+        self.store = store
+        self.rate = limits.rate
+        self.burst = float(limits.burst or max(1, math.ceil(limits.rate)))
         self.rejections = rejections  # Metrics.admission_rejections: counted by reason
-        self.buckets: dict[str, TokenBucket] = {}
-        self.streams: defaultdict[str, int] = defaultdict(int)
+        self._tasks: set[asyncio.Task[object]] = set()  # releases and settlements under way
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         rec = record_of(scope) if scope["type"] == "http" else None
@@ -110,23 +133,43 @@ class LimitsMiddleware:
         if rec is None or caller is None:
             await self.app(scope, receive, send)
             return
-        if self.rate > 0:
-            bucket = self.buckets.get(caller)
-            if bucket is None:
-                bucket = self.buckets[caller] = TokenBucket(self.rate, self.burst)
-            wait = bucket.take(time.monotonic())
-            if wait > 0:
-                self.rejections["rate_limit"] += 1
-                await error_response(rate_limited(wait))(scope, receive, send)
-                return
-        if not (self.max_streams and scope["path"] in GENERATION_PATHS):
+        generation = scope["path"] in GENERATION_PATHS
+        lease = ""
+        try:
+            if self.rate > 0:
+                wait = await self.store.take(f"rate:{caller}", self.rate, self.burst)
+                if wait > 0:
+                    self.rejections["rate_limit"] += 1
+                    await error_response(rate_limited(wait))(scope, receive, send)
+                    return
+            if self.limits.max_streams and generation:
+                lease = secrets.token_hex(8)
+                limit = self.limits.max_streams
+                if not await self.store.acquire(f"streams:{caller}", lease, limit, LEASE_TTL_S):
+                    self.rejections["concurrency"] += 1
+                    await error_response(too_many_streams(limit))(scope, receive, send)
+                    return
+        except StoreUnavailable as exc:
+            self.rejections["store_unavailable"] += 1
+            await error_response(store_down(exc))(scope, receive, send)
+            return
+        if self.limits.tpm and generation:
+            rec.reserve = self._reserver(rec, caller)
+        if not lease:
             await self.app(scope, receive, send)
             return
-        if self.streams[caller] >= self.max_streams:
-            self.rejections["concurrency"] += 1
-            await error_response(too_many_streams(self.max_streams))(scope, receive, send)
-            return
-        self.streams[caller] += 1
+        release_now = self._slot(rec, caller, lease)
+        # Free the slot as the last byte goes out, not when the app returns (it may still
+        # wait for the RPC's status): a client that reads the end and sends its next
+        # request at once must find the slot free.
+        rec.on_complete.append(release_now)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            release_now()
+
+    def _slot(self, rec: RequestRecord, caller: str, lease: str) -> Callable[[], None]:
+        """The slot's release unless a detached generation kept it (`rec.keep_slot`)."""
         held = True
         kept = False
 
@@ -134,9 +177,7 @@ class LimitsMiddleware:
             nonlocal held
             if held:
                 held = False
-                self.streams[caller] -= 1
-                if not self.streams[caller]:
-                    del self.streams[caller]
+                self._spawn(self.store.release(f"streams:{caller}", lease))
 
         def release_now() -> None:
             if not kept:
@@ -149,12 +190,46 @@ class LimitsMiddleware:
             kept = True
             return release
 
-        # Free the slot as the last byte goes out, not when the app returns (it may still
-        # wait for the RPC's status): a client that reads the end and sends its next
-        # request at once must find the slot free.
-        rec.on_complete.append(release_now)
         rec.keep_slot = keep
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            release_now()
+        return release_now
+
+    def _reserver(self, rec: RequestRecord, caller: str) -> Callable[[int], Awaitable[None]]:
+        """What `edge.api` calls with a generation's most tokens, once it is parsed."""
+        tpm = self.limits.tpm
+        rate = tpm / 60.0
+        key = f"tpm:{caller}"
+
+        async def reserve(tokens: int) -> None:
+            cost = float(min(tokens, tpm))  # more than a minute's worth: one full bucket
+            try:
+                wait = await self.store.take(key, rate, tpm, cost)
+            except StoreUnavailable as exc:
+                self.rejections["store_unavailable"] += 1
+                raise store_down(exc) from None
+            if wait > 0:
+                self.rejections["tokens"] += 1
+                raise tokens_limited(wait, tpm)
+
+            def settle() -> None:
+                if rec.completion_tokens is not None:
+                    used = (rec.prompt_tokens or 0) + rec.completion_tokens
+                elif rec.status >= 400:
+                    used = 0  # refused or failed before generating: all back
+                else:
+                    return  # unknown (left mid-stream, detached): the reservation stands
+                if used != cost:
+                    self._spawn(self.store.take(key, rate, tpm, used - cost, force=True))
+
+            rec.on_complete.append(settle)
+
+        return reserve
+
+    def _spawn(self, op: Coroutine[Any, Any, object]) -> None:
+        task = asyncio.get_running_loop().create_task(op)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[object]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # a failed release lapses by its ttl; settlements are best effort

@@ -7,6 +7,10 @@ Judged every `CHECK_INTERVAL_S` over the pool's own window (`window_s`, at least
 `min_requests` outcomes): its error rate *in excess of the rest of the fleet's* over the
 same window against `max_error_rate`, its p99 TTFT against `max_p99_ttft_s`. A weight set
 again by an operator starts a fresh window. In-flight streams are never touched.
+
+With a shared store the process that rolls a pool back publishes the fleet's new state
+(`on_rollback`, `edge.upstream.fleet`): every process of every replica drains the pool
+too, whatever its own window says. Each process still judges its own window only.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 from edge.upstream.outcomes import WindowStats
 from edge.upstream.pools import RollbackSpec
@@ -70,11 +75,15 @@ def check(registry: PoolRegistry, now: float | None = None) -> list[str]:
     return rolled
 
 
-async def watch(registry: PoolRegistry) -> None:
-    """Run `check` forever (started by the bootstrap's lifespan, as a task of the registry)."""
+async def watch(
+    registry: PoolRegistry, on_rollback: Callable[[], Awaitable[object]] | None = None
+) -> None:
+    """Run `check` forever (started by the bootstrap's lifespan, as a task of the registry);
+    after a rollback, `on_rollback` (the fleet's publish)."""
     while True:
         await asyncio.sleep(CHECK_INTERVAL_S)
         try:
-            check(registry)
-        except Exception:  # a bug here must not stop routing
+            if check(registry) and on_rollback is not None:
+                await on_rollback()
+        except Exception:  # a bug here (or the store failing) must not stop routing
             log.exception("canary check failed")

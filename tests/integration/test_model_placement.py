@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.edge_fixtures import EDGE_ENV, wait_ready
 from tests.integration.conftest import _make_model
+from tests.integration.edge_fixtures import EDGE_ENV, wait_ready
 from tests.procs import Proc, start_edge, start_worker, wait_serving
 
 pytestmark = pytest.mark.model

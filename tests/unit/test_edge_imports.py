@@ -18,11 +18,13 @@ ALLOWED = {
     "edge.errors": set(),
     "edge.config": set(),
     "edge.obs": {"edge.obs"},
-    "edge.security": {"edge.security", "edge.obs", "edge.errors", "edge.config"},
-    "edge.upstream": {"edge.upstream", "edge.obs", "edge.errors", "edge.config"},
+    "edge.store": {"edge.store", "edge.obs", "edge.errors", "edge.config"},
+    "edge.security": {"edge.security", "edge.store", "edge.obs", "edge.errors", "edge.config"},
+    "edge.upstream": {"edge.upstream", "edge.store", "edge.obs", "edge.errors", "edge.config"},
     "edge.stream": {"edge.stream", "edge.upstream", "edge.obs", "edge.errors", "edge.config"},
     "edge.api": {
-        "edge.api", "edge.stream", "edge.upstream", "edge.obs", "edge.errors", "edge.config",
+        "edge.api", "edge.stream", "edge.upstream", "edge.store", "edge.obs", "edge.errors",
+        "edge.config",
     },
 }  # fmt: skip
 BOOTSTRAP = {"edge.app", "edge.__main__", "edge"}

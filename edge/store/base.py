@@ -1,0 +1,61 @@
+"""The shared store's interface: what the edge keeps across processes and replicas.
+
+Three concerns, each a few atomic operations (`edge.store.memory` in this process,
+`edge.store.redis` across a fleet, `edge.store.guarded` choosing between them when the
+shared one fails):
+
+- token buckets (`take`): requests per second and tokens per minute per key, the clock
+  being the store's own (one clock for every replica);
+- leases (`acquire` / `release`): a key's generations in flight, each lease expiring
+  unless its holder renews it, so a crashed edge frees its slots by itself;
+- session pins (`get_pin` / `put_pin`): the pool a header or `user` session stays on
+  (`edge.upstream.sessions.SessionStore`).
+
+Keys are opaque strings; the limiters and the pinning choose them.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class StoreUnavailable(Exception):
+    """The shared store cannot answer now (down, unreachable, too slow)."""
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class Store(Protocol):
+    """The operations every store implements (see the module docstring)."""
+
+    async def take(
+        self, key: str, rate: float, burst: float, cost: float = 1.0, force: bool = False
+    ) -> float:
+        """Take `cost` tokens from the bucket `key` (`rate` per second, `burst` deep, full
+        when new). Returns 0 when taken, else the seconds until they would be there (and
+        takes nothing). `force`: take them anyway, the bucket may go below zero (a debt
+        the next takes wait for); a negative cost gives tokens back, up to `burst`."""
+        ...
+
+    async def acquire(self, key: str, lease: str, limit: int, ttl_s: float) -> bool:
+        """Hold lease `lease` of `key` if fewer than `limit` are held; it lapses after
+        `ttl_s` unless renewed (the store renews the leases its own holders keep)."""
+        ...
+
+    async def release(self, key: str, lease: str) -> None:
+        """Let lease `lease` of `key` go (nothing if it is not held)."""
+        ...
+
+    async def get_pin(self, key: str, ttl_s: float) -> str | None:
+        """The pool session `key` is pinned to, its lifetime renewed to `ttl_s`."""
+        ...
+
+    async def put_pin(self, key: str, pool: str, ttl_s: float) -> None:
+        """Pin session `key` to `pool` for `ttl_s`."""
+        ...
+
+    async def close(self) -> None:
+        """Stop background work and connections."""
+        ...

@@ -1,0 +1,121 @@
+"""Fleet-wide control through Redis: a versioned snapshot of the desired state, and a
+pub/sub channel that says a new one is there.
+
+`publish(doc)` is one Lua script: the version goes up (to Redis's clock in ms, or by
+one if that is not more: it keeps rising even when a restarted Redis lost its data),
+the snapshot is stored with it, and its number is published on `<prefix>:control`, all
+atomically (two admins changing two replicas at once get two versions, the later one
+wins everywhere).
+`watch(apply)` runs in every edge process: it subscribes first, then reads the snapshot
+(so nothing published in between is missed), and reads it again on every message; a
+snapshot is applied only when its version is newer than the last one applied here. After
+a lost connection it subscribes and reads the snapshot again (the changes made while it
+was away arrive as one), retrying every `RETRY_S`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from edge.store.base import StoreUnavailable
+
+log = logging.getLogger("sluice.edge")
+RETRY_S = 0.5
+
+# KEYS version, snapshot; ARGV the document (JSON without its version), channel.
+PUBLISH = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local v = math.max(tonumber(redis.call('GET', KEYS[1]) or '0') + 1, now)
+redis.call('SET', KEYS[1], v)
+redis.call('SET', KEYS[2], v .. ' ' .. ARGV[1])
+redis.call('PUBLISH', ARGV[2], v)
+return v
+"""
+
+
+class Control:
+    """The fleet's desired state in Redis (see the module docstring)."""
+
+    def __init__(self, url: str, timeout_s: float, prefix: str = "sluice") -> None:
+        self.url = url
+        self.timeout_s = timeout_s
+        self.client: aioredis.Redis = aioredis.Redis.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),
+        )
+        self.keys = [f"{prefix}:control:version", f"{prefix}:control:snapshot"]
+        self.channel = f"{prefix}:control"
+        self._publish = self.client.register_script(PUBLISH)
+        self.version = 0  # the last snapshot applied (or published) here
+        self.applied = 0  # snapshots applied from others (metrics, tests)
+
+    async def publish(self, doc: dict[str, Any]) -> int:
+        """Store `doc` as the fleet's state; its version (StoreUnavailable if Redis fails)."""
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                args: list[Any] = [orjson.dumps(doc), self.channel]
+                version = int(await self._publish(keys=self.keys, args=args))
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise StoreUnavailable(f"redis at {self.url}: {exc or type(exc).__name__}") from None
+        self.version = max(self.version, version)
+        return version
+
+    async def _load(self, apply: Callable[[dict[str, Any]], None]) -> None:
+        raw = await self.client.get(self.keys[1])
+        if raw is None:
+            return
+        data = raw if isinstance(raw, bytes) else str(raw).encode()
+        head, _, body = data.partition(b" ")
+        version = int(head)
+        if version <= self.version:
+            return
+        self.version = version
+        self.applied += 1
+        try:
+            apply(orjson.loads(body))
+        except Exception:  # a bad snapshot must not stop the watch: the next one may do
+            log.exception("could not apply the fleet's state version %d", version)
+
+    async def watch(self, apply: Callable[[dict[str, Any]], None]) -> None:
+        """Apply every newer snapshot, until cancelled (see the module docstring)."""
+        connected = True
+        while True:
+            pubsub = self.client.pubsub()
+            try:
+                await pubsub.subscribe(self.channel)
+                await self._load(apply)
+                if not connected:
+                    log.info("fleet control: connected again, state version %d", self.version)
+                    connected = True
+                while True:
+                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    if msg is not None and msg.get("type") == "message":
+                        await self._load(apply)
+            except (RedisError, OSError) as exc:
+                if connected:
+                    log.warning("fleet control lost Redis (%s); retrying", exc)
+                connected = False
+                await asyncio.sleep(RETRY_S)
+            finally:
+                try:
+                    await pubsub.aclose()
+                except (RedisError, OSError):
+                    pass
+
+    async def close(self) -> None:
+        try:
+            await self.client.aclose()
+        except (RedisError, OSError):
+            pass

@@ -1,0 +1,90 @@
+"""The embedded store: buckets, leases and pins in this process (the default).
+
+Without a shared store configured the edge keeps today's single-process behaviour: each
+process has its own limits and pins. It is also what a guarded shared store falls back
+on when it fails open (`edge.store.guarded`). Leases need no expiry here: their holders
+live in this process and release them in `finally`; a crash loses the store with them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import cachetools
+
+
+@dataclass(slots=True)
+class TokenBucket:
+    """`rate` tokens a second, at most `burst` stored; `take` costs one token by default."""
+
+    rate: float
+    burst: float
+    tokens: float = 0.0
+    stamp: float = -1.0  # never used yet: full on first use
+
+    def take(self, now: float, cost: float = 1.0, force: bool = False) -> float:
+        """0 if `cost` tokens were taken, else seconds until they are there (see
+        `edge.store.base.Store.take` for `force` and negative costs)."""
+        if self.stamp < 0:
+            self.tokens = self.burst
+        else:
+            self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if force or self.tokens >= cost:
+            self.tokens = min(self.burst, self.tokens - cost)
+            return 0.0
+        return (cost - self.tokens) / self.rate
+
+
+class MemoryStore:
+    """`edge.store.base.Store` in this process."""
+
+    def __init__(
+        self, pin_ttl_s: float, max_pins: int, timer: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.timer = timer
+        self.buckets: dict[str, TokenBucket] = {}
+        self.leases: dict[str, set[str]] = {}
+        self.pins: cachetools.TTLCache[str, str] = cachetools.TTLCache(max_pins, pin_ttl_s, timer)
+
+    async def take(
+        self, key: str, rate: float, burst: float, cost: float = 1.0, force: bool = False
+    ) -> float:
+        bucket = self.buckets.get(key)
+        if bucket is None or bucket.rate != rate or bucket.burst != burst:
+            bucket = self.buckets[key] = TokenBucket(rate, burst)
+        return bucket.take(self.timer(), cost, force)
+
+    async def acquire(self, key: str, lease: str, limit: int, ttl_s: float) -> bool:
+        held = self.leases.setdefault(key, set())
+        if lease in held:
+            return True
+        if len(held) >= limit:
+            return False
+        held.add(lease)
+        return True
+
+    async def release(self, key: str, lease: str) -> None:
+        held = self.leases.get(key)
+        if held is not None:
+            held.discard(lease)
+            if not held:
+                del self.leases[key]
+
+    def held(self, key: str) -> int:
+        """Leases of `key` held now (tests, metrics)."""
+        return len(self.leases.get(key, ()))
+
+    async def get_pin(self, key: str, ttl_s: float) -> str | None:
+        pool = self.pins.get(key)
+        if pool is not None:
+            self.pins[key] = pool  # sliding: a used session lives on
+        return pool
+
+    async def put_pin(self, key: str, pool: str, ttl_s: float) -> None:
+        self.pins[key] = pool
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,75 @@
+"""The pools' desired state as a document, and bringing a registry to it: how admin
+changes made on one edge process reach every process of every replica
+(`edge.store.control` carries the document).
+
+What travels: each pool's name, version label, weight, workers and rollback bounds, and
+whether it is draining (and why). What does not: health, in-flight counts, outcomes,
+which every process learns for itself. Applying a document changes only what differs,
+with the registry's own runtime changes (a running stream keeps its worker), removals
+before additions so a worker can move between pools.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from edge.store.control import Control
+from edge.upstream.pools import PoolSpec, parse_rollback
+from edge.upstream.registry import PoolRegistry
+
+log = logging.getLogger("sluice.edge")
+
+
+def snapshot(registry: PoolRegistry) -> dict[str, Any]:
+    """The registry's pools as a document."""
+    return {
+        "pools": [
+            {
+                "name": p.name,
+                "version": p.version,
+                "weight": p.weight,
+                "workers": sorted(p.workers),
+                "rollback": p.rollback.to_dict() if p.rollback else None,
+                "draining": p.draining,
+            }
+            for p in registry.pools.values()
+        ]
+    }
+
+
+def apply(registry: PoolRegistry, doc: dict[str, Any]) -> None:
+    """Bring `registry` to the document (see the module docstring)."""
+    want = {p["name"]: p for p in doc["pools"]}
+    for name in [n for n in registry.pools if n not in want]:
+        registry.remove_pool(name)
+    for name, p in want.items():  # removals first: a worker may move between pools
+        pool = registry.pools.get(name)
+        if pool is not None:
+            for address in [a for a in pool.workers if a not in p["workers"]]:
+                registry.remove_worker(name, address)
+    for name, p in want.items():
+        pool = registry.pools.get(name)
+        if pool is None:
+            rollback = parse_rollback(p["rollback"]) if p["rollback"] else None
+            pool = registry.add_pool(PoolSpec(name, p["version"], p["weight"], [], rollback))
+        for address in [a for a in p["workers"] if a not in pool.workers]:
+            registry.add_worker(name, address)
+        registry.set_weight(name, float(p["weight"]), reason="fleet")
+        pool.draining = p["draining"]
+
+
+class FleetSync:
+    """This process's registry kept in step with the fleet's state in `control`."""
+
+    def __init__(self, registry: PoolRegistry, control: Control) -> None:
+        self.registry = registry
+        self.control = control
+
+    async def publish(self) -> int:
+        """After an admin change here: the fleet's new state (StoreUnavailable if not)."""
+        return await self.control.publish(snapshot(self.registry))
+
+    async def watch(self) -> None:
+        """Apply the fleet's state on start, on every change and after reconnecting."""
+        await self.control.watch(lambda doc: apply(self.registry, doc))
