@@ -61,7 +61,7 @@ class Placement:
         if key:
             worker = hrw(key, workers, lambda w: w.address)
         elif policy == "cache_aware":
-            hits = self.index.match(blocks, [(w.key, w.epoch) for w in workers])
+            hits = self.index.match(blocks, workers)
             loads = [w.load for w in workers]
             i, reason = cache_aware(hits, len(blocks), loads, self._params, self._rng)
             self.decisions[reason] = self.decisions.get(reason, 0) + 1

@@ -3,13 +3,16 @@
 A worker's prefix cache keeps the KV of prompts it prefilled, in token blocks, and evicts
 the least recently used ones. The edge cannot see tokens, so it mirrors that in text:
 
-- A request's *blocks* (`Prompt.blocks`): its chat messages (role and content, in
-  order) or its raw prompt, cut into pieces of about `block_chars` characters (messages
-  are gathered into a block until it is full, a long one is cut across blocks), each
-  named by a hash chained over every piece before it. Where a block ends depends only on
-  what precedes it, so a conversation's next turn (the same messages plus new ones)
-  shares every full block of the last one; a change anywhere changes every block after
-  it. The last, partial piece counts as a block too (identical short prompts match).
+- A request's *blocks* (`Prompt.blocks`): its chat messages (roles and contents, in
+  order, with separators) or its raw prompt as one string, cut into `block_chars`
+  pieces, each named by a hash chained over every piece before it. Two requests share
+  their first k blocks exactly when their first k * block_chars characters are equal, so
+  a conversation's next turn (the same messages plus new ones) shares every full block
+  of the last one; a change anywhere changes every block after it. The last, partial
+  piece counts as a block too (identical short prompts match). Only the first
+  `MAX_BLOCKS` count: they tell conversations apart, and the cost of a decision stays
+  bounded however long the prompt (a longer shared prefix than that adds nothing to a
+  worker's expected hit, which is then whole).
 - `PrefixIndex` (one per pool) holds, for each block hash, the set of workers that
   were sent it (a bit mask: one bit per worker), and for each worker its blocks in least
   recently used order, capped at that worker's capacity (its KV cache size, when the
@@ -31,15 +34,19 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 CHARS_PER_TOKEN = 4  # English text in BPE tokens: for sizing a worker's share of the index
 # The index holds up to this many times the estimate: forgetting too late costs a miss on a
 # worker that already evicted the prefix; forgetting too early moves a conversation off
 # the worker that still holds it (a miss there, and a second copy elsewhere).
 INDEX_HEADROOM = 2
-# About 256 tokens: fine enough for where a prompt's reuse ends, coarse enough that a
-# 32,000-character conversation is 32 blocks to hash, look up and refresh.
+# About 256 tokens: fine enough for where a prompt's reuse ends, coarse enough that the
+# first 16,000 characters of a conversation (~4,000 tokens) are 16 blocks to hash, look up
+# and refresh.
 DEFAULT_BLOCK_CHARS = 1024
+MAX_BLOCKS = 16  # blocks of a prompt that are hashed and looked up (module docstring)
+_SEP_ROLE, _SEP_MSG = "\x1f", "\x1e"
 
 
 class Prompt:
@@ -55,13 +62,27 @@ class Prompt:
         self._blocks: list[int] | None = None
         self._size = 0
 
+    def text(self, limit: int | None = None) -> str:
+        """The input as one string (each message's role and content), at least its first
+        `limit` characters when given: messages past them are left out."""
+        if self.messages is None:
+            return self.prompt or ""
+        messages = self.messages
+        if limit is not None:
+            size = n = 0
+            for _, content in messages:
+                n += 1
+                size += len(content)
+                if size >= limit:
+                    messages = messages[:n]
+                    break
+        return _SEP_MSG.join(map(_SEP_ROLE.join, messages))
+
     def blocks(self, block_chars: int = DEFAULT_BLOCK_CHARS) -> list[int]:
-        """The chained hash of each block of the input (module docstring)."""
+        """The chained hash of each block of the input, at most `MAX_BLOCKS`."""
         if self._blocks is None or self._size != block_chars:
-            if self.messages is not None:
-                self._blocks = message_hashes(self.messages, block_chars)
-            else:
-                self._blocks = block_hashes(self.prompt or "", block_chars)
+            limit = block_chars * MAX_BLOCKS
+            self._blocks = block_hashes(self.text(limit)[:limit], block_chars)
             self._size = block_chars
         return self._blocks
 
@@ -80,37 +101,14 @@ def block_hashes(text: str, block_chars: int) -> list[int]:
     return out
 
 
-def message_hashes(messages: Sequence[tuple[str, str]], block_chars: int) -> list[int]:
-    """Chained hashes of chat messages gathered into blocks of about `block_chars`.
+class Holder(Protocol):
+    """What the index needs of a worker: its key and the epoch of its cache."""
 
-    A block is a tuple of the previous block's hash and the roles and contents (or slices
-    of a long content) it holds: nothing is joined or copied for messages that fit, and
-    each content string's hash is computed once (Python caches it in the string).
-    """
-    out: list[int] = []
-    parts: list[object] = [0]
-    size = 0
-    for role, content in messages:
-        parts.append(role)
-        n = len(content)
-        if size + n < block_chars:
-            parts.append(content)
-            size += n + 1  # the role counts as one character
-            continue
-        start = 0
-        while size + n - start >= block_chars:
-            take = block_chars - size
-            parts.append(content[start : start + take])
-            start += take
-            h = hash(tuple(parts))
-            out.append(h)
-            parts, size = [h], 0
-        if start < n:
-            parts.append(content[start:])
-            size += n - start
-    if len(parts) > 1:
-        out.append(hash(tuple(parts)))
-    return out
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def epoch(self) -> int: ...
 
 
 @dataclass(eq=False, slots=True)
@@ -147,15 +145,15 @@ class PrefixIndex:
             return None
         return holder
 
-    def match(self, blocks: Sequence[int], workers: Sequence[tuple[str, int]]) -> list[int]:
-        """For each (worker key, epoch): how many of `blocks`, from the first, it holds."""
+    def match(self, blocks: Sequence[int], workers: Sequence[Holder]) -> list[int]:
+        """For each worker: how many of `blocks`, from the first, it holds."""
         bits = []
         live = 0
         known = self._workers
-        for key, epoch in workers:
-            holder = known.get(key)
-            if holder is not None and holder.epoch != epoch:
-                holder = self._holder(key, epoch)  # restarted: forgotten (None)
+        for w in workers:
+            holder = known.get(w.key)
+            if holder is not None and holder.epoch != w.epoch:
+                holder = self._holder(w.key, w.epoch)  # restarted: forgotten (None)
             bit = holder.bit if holder is not None else 0
             bits.append(bit)
             live |= bit

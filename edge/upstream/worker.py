@@ -112,6 +112,7 @@ class Worker:
         self.passive = PassiveHealth(opts.max_fails, opts.fail_timeout_s)
         self.reported_draining = False
         self.reported: pb.WorkerLoad | None = None  # the last load push (other edges' too)
+        self._reported_load = -1  # its running + waiting; -1: no push to go by
         self._in_flight_at_report = 0  # this edge's in-flight count when it arrived
         self.epoch = 0  # times it turned SERVING (module docstring)
         self._serving = asyncio.Event()
@@ -132,11 +133,10 @@ class Worker:
     @property
     def load(self) -> int:
         """Generations on the worker now, as this edge best knows (module docstring)."""
-        r = self.reported
-        if r is None:
+        if self._reported_load < 0:
             return self.in_flight
         since = self.in_flight - self._in_flight_at_report
-        return max(self.in_flight, r.running + r.waiting + since)
+        return max(self.in_flight, self._reported_load + since)
 
     def kv_cache_tokens(self) -> int:
         """The worker's KV cache size in tokens, once it reported one (else 0)."""
@@ -248,18 +248,19 @@ class Worker:
             except grpc.aio.AioRpcError as err:
                 if err.code() == grpc.StatusCode.UNIMPLEMENTED:
                     log.info("worker %s pushes no load: routing by in-flight count", self.address)
-                    self.reported = None
+                    self.loaded(None)
                     return
                 log.debug("load watch of %s failed: %s", self.address, err.code().name)
-            self.reported = None
+            self.loaded(None)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, WATCH_BACKOFF_S[1])
 
-    def loaded(self, msg: pb.WorkerLoad) -> None:
-        """A load push arrived."""
+    def loaded(self, msg: pb.WorkerLoad | None) -> None:
+        """A load push arrived (None: the stream ended, nothing to go by)."""
         self.reported = msg
         self._in_flight_at_report = self.in_flight
-        self.reported_draining = msg.draining
+        self._reported_load = msg.running + msg.waiting if msg is not None else -1
+        self.reported_draining = msg.draining if msg is not None else False
 
     def describe(self, now: float | None = None) -> dict[str, object]:
         """For the admin API."""

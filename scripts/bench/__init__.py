@@ -20,5 +20,8 @@ One module per concept:
 | `procwatch.py` | their CPU and memory from /proc over the measured window |
 | `modes.py` | run, overhead and compare orchestration |
 | `overhead.py` | overhead mode's figures: added latency per hop, CPU per event and per request |
+| `conversations.py` | multi-turn workload: shared system prompts, growing histories |
+| `routing.py` | routing mode: placement policies and vllm-router's, prefix-caching sim workers |
+| `decision.py` | decision mode: the edge's worker choice timed in process |
 | `selftest.py` | the SSE reader's parsing speed on a synthetic buffer |
 """

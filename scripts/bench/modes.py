@@ -9,7 +9,8 @@
 - `compare`: two targets alternating A, B, A, B... (`rounds`), ratios of their medians;
   `sluice` / `vllm` start our stack and vLLM's own server from one model directory.
 - `routing`: placement policies side by side on sim workers with prefix caches
-  (`routing.py`).
+  (`routing.py`); `decision`: the edge's own worker choice timed in process
+  (`decision.py`).
 """
 
 from __future__ import annotations

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from typing import NamedTuple
 
 import pytest
 
 from edge.config import RoutingConfig
 from edge.upstream.channel import ChannelFactory
 from edge.upstream.pools import PoolConfigError, PoolSpec, parse_pool
-from edge.upstream.prefix import PrefixIndex, Prompt, block_hashes
+from edge.upstream.prefix import MAX_BLOCKS, PrefixIndex, Prompt, block_hashes
 from edge.upstream.registry import PoolRegistry
 from edge.upstream.routing import CacheAware, cache_aware, least_loaded
 from edge.upstream.worker import NOT_SERVING, SERVING
@@ -19,27 +20,40 @@ from generated import sluice_pb2 as pb
 
 SYSTEM = "You are a careful assistant. " * 40  # ~1,100 characters: several blocks
 
+
+class W(NamedTuple):
+    """A worker as the index sees it."""
+
+    key: str
+    epoch: int
+
+
 # -- prompt blocks and the index -----------------------------------------------------
 
 
 def test_a_next_turn_shares_every_full_block_of_the_last_one() -> None:
     turn1 = [("system", SYSTEM), ("user", "What is a river?")]
     turn2 = [*turn1, ("assistant", "Water that flows."), ("user", "And a lake?")]
-    a, b = Prompt(turn1).blocks(64), Prompt(turn2).blocks(64)
-    assert len(a) == len(SYSTEM) // 64 + 1  # full blocks, then one partial one
-    assert a[:-1] == b[: len(a) - 1] and a[-1] != b[len(a) - 1]
-    other = Prompt([("system", "x" + SYSTEM[1:]), *turn1[1:]]).blocks(64)
+    a, b = Prompt(turn1).blocks(128), Prompt(turn2).blocks(128)
+    full = len(Prompt(turn1).text()) // 128
+    assert len(a) == full + 1  # full blocks, then one partial one
+    assert a[:full] == b[:full] and a[full] != b[full]
+    other = Prompt([("system", "x" + SYSTEM[1:]), *turn1[1:]]).blocks(128)
     assert not set(other) & set(a)  # chained: a change up front changes every block
     moved = Prompt([("system", SYSTEM[:-1]), ("user", SYSTEM[-1] + "What is a river?")])
-    assert moved.blocks(64)[-1] != a[-1]  # roles are part of the blocks
-    # Short messages gather into one block; the same words in another order do not match.
-    short = [("user", "a" * 10), ("assistant", "b" * 10), ("user", "c" * 10)]
-    swapped = [short[0], ("assistant", "c" * 10), ("user", "b" * 10)]
-    assert len(Prompt(short).blocks(64)) == 1 and Prompt(short).blocks(64) != Prompt(
-        swapped
-    ).blocks(64)
+    assert moved.blocks(128)[-1] != a[-1]  # roles are part of the blocks
     assert Prompt(prompt="hi").blocks(64) == block_hashes("hi", 64)
     assert block_hashes("", 8) == [] and Prompt([]).blocks(8) == []
+
+
+def test_only_the_first_blocks_of_a_long_prompt_count() -> None:
+    long = Prompt(prompt="x" * (64 * MAX_BLOCKS * 3))
+    assert len(long.blocks(64)) == MAX_BLOCKS
+    assert long.blocks(64) == Prompt(prompt="x" * (64 * MAX_BLOCKS)).blocks(64)
+    chat = [("system", "s" * 900), *[("user", f"{i} " + "u" * 100) for i in range(40)]]
+    head = chat[: 1 + (64 * MAX_BLOCKS - 900) // 100 + 1]  # what the first blocks hold
+    assert Prompt(chat).blocks(64) == Prompt(head).blocks(64)
+    assert len(Prompt(chat).text(64 * MAX_BLOCKS)) < len(Prompt(chat).text())
 
 
 def test_the_prompt_is_hashed_once_per_block_size() -> None:
@@ -54,9 +68,9 @@ def test_match_counts_leading_blocks_per_worker() -> None:
     idx.add(blocks[:6], "a", 1, capacity=100)
     idx.add(blocks[:3], "b", 1, capacity=100)
     idx.add(blocks, "c", 1, capacity=100)
-    assert idx.match(blocks, [("a", 1), ("b", 1), ("c", 1), ("new", 1)]) == [6, 3, 10, 0]
-    assert idx.match([99, *blocks], [("a", 1), ("c", 1)]) == [0, 0]
-    assert idx.match([], [("a", 1)]) == [0]
+    assert idx.match(blocks, [W("a", 1), W("b", 1), W("c", 1), W("new", 1)]) == [6, 3, 10, 0]
+    assert idx.match([99, *blocks], [W("a", 1), W("c", 1)]) == [0, 0]
+    assert idx.match([], [W("a", 1)]) == [0]
 
 
 def test_each_worker_keeps_its_most_recent_blocks_within_its_capacity() -> None:
@@ -64,21 +78,21 @@ def test_each_worker_keeps_its_most_recent_blocks_within_its_capacity() -> None:
     idx.add([1, 2, 3], "a", 1, capacity=4)
     idx.add([7, 8], "a", 1, capacity=4)  # 1 is the oldest: it goes
     assert idx.held("a") == 4
-    assert idx.match([1, 2, 3], [("a", 1)]) == [0]
+    assert idx.match([1, 2, 3], [W("a", 1)]) == [0]
     idx.add([2, 3], "a", 1, capacity=4)  # refreshed: now 7 is the oldest
     idx.add([9], "a", 1, capacity=4)
-    assert idx.match([2, 3], [("a", 1)]) == [2] and idx.match([7], [("a", 1)]) == [0]
+    assert idx.match([2, 3], [W("a", 1)]) == [2] and idx.match([7], [W("a", 1)]) == [0]
     idx.add([1, 2, 3], "b", 1, capacity=10)
-    assert idx.match([1, 2, 3], [("a", 1), ("b", 1)]) == [0, 3]
+    assert idx.match([1, 2, 3], [W("a", 1), W("b", 1)]) == [0, 3]
 
 
 def test_a_restarted_worker_is_forgotten_and_its_bit_reused() -> None:
     idx = PrefixIndex()
     idx.add([1, 2], "a", epoch=1, capacity=10)
-    assert idx.match([1, 2], [("a", 2)]) == [0]  # a new epoch: its cache is gone
+    assert idx.match([1, 2], [W("a", 2)]) == [0]  # a new epoch: its cache is gone
     assert len(idx) == 0
     idx.add([5], "b", 1, capacity=10)  # takes a's freed bit: no stale hit for b
-    assert idx.match([1, 2], [("b", 1)]) == [0] and idx.match([5], [("b", 1)]) == [1]
+    assert idx.match([1, 2], [W("b", 1)]) == [0] and idx.match([5], [W("b", 1)]) == [1]
     idx.forget("b")
     assert len(idx) == 0 and idx.held("b") == 0
 
@@ -177,7 +191,7 @@ async def test_a_saturated_worker_sheds_its_hot_prefix() -> None:
     placement = reg.pools["p"].placement
     assert placement.decisions == {"load": 1, "balance": 1}  # no hit yet; then the threshold
     blocks = hot.blocks(reg.options.prefix_block_chars)
-    held = placement.index.match(blocks, [(first.key, 1), (other.key, 1)])
+    held = placement.index.match(blocks, [W(first.key, 1), W(other.key, 1)])
     assert held == [len(blocks)] * 2  # both hold it now
 
 
@@ -228,7 +242,7 @@ async def test_removal_and_restart_forget_the_workers_blocks() -> None:
     index = reg.pools["p"].placement.index
     w._set_status(NOT_SERVING)
     w._set_status(SERVING)  # restarted: a new epoch, an empty cache
-    assert index.match(prompt.blocks(1024), [(w.key, w.epoch)]) == [0]
+    assert index.match(prompt.blocks(1024), [w]) == [0]
     w2 = reg.pick(prompt=prompt)
     reg.remove_worker("p", w2.address)
     assert index.held(w2.key) == 0
