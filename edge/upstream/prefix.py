@@ -10,9 +10,9 @@ the least recently used ones. The edge cannot see tokens, so it mirrors that in 
   a conversation's next turn (the same messages plus new ones) shares every full block
   of the last one; a change anywhere changes every block after it. The last, partial
   piece counts as a block too (identical short prompts match). Only the first
-  `MAX_BLOCKS` count: they tell conversations apart, and the cost of a decision stays
-  bounded however long the prompt (a longer shared prefix than that adds nothing to a
-  worker's expected hit, which is then whole).
+  `MAX_BLOCKS` count (of the first `MAX_MESSAGES` messages): they tell conversations
+  apart, and the cost of a decision stays bounded however long the prompt (a longer
+  shared prefix than that adds nothing to a worker's expected hit, which is then whole).
 - `PrefixIndex` (one per pool) holds, for each block hash, the set of workers that
   were sent it (a bit mask: one bit per worker), and for each worker its blocks in least
   recently used order, capped at that worker's capacity (its KV cache size, when the
@@ -31,9 +31,12 @@ an expected hit, never as a promise.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
+from operator import itemgetter
 from typing import Protocol
 
 CHARS_PER_TOKEN = 4  # English text in BPE tokens: for sizing a worker's share of the index
@@ -46,6 +49,7 @@ INDEX_HEADROOM = 2
 # and refresh.
 DEFAULT_BLOCK_CHARS = 1024
 MAX_BLOCKS = 16  # blocks of a prompt that are hashed and looked up (module docstring)
+MAX_MESSAGES = 64  # ...of its first messages at most
 _SEP_ROLE, _SEP_MSG = "\x1f", "\x1e"
 
 
@@ -63,19 +67,22 @@ class Prompt:
         self._size = 0
 
     def text(self, limit: int | None = None) -> str:
-        """The input as one string (each message's role and content), at least its first
-        `limit` characters when given: messages past them are left out."""
+        """The input as one string (each message's role and content). With `limit`: only
+        what the first `limit` characters of content need, from the first `MAX_MESSAGES`
+        messages (found in C: nothing longer is copied)."""
         if self.messages is None:
-            return self.prompt or ""
+            return (self.prompt or "")[:limit]
         messages = self.messages
         if limit is not None:
-            size = n = 0
-            for _, content in messages:
-                n += 1
-                size += len(content)
-                if size >= limit:
-                    messages = messages[:n]
-                    break
+            head = messages[:MAX_MESSAGES]
+            ends = list(accumulate(map(len, map(itemgetter(1), head))))
+            k = bisect_left(ends, limit)  # the message that reaches `limit`, if one does
+            if k < len(head):
+                role, content = head[k]
+                keep = limit - (ends[k] - len(content))
+                messages = [*head[:k], (role, content[:keep])]
+            else:
+                messages = head
         return _SEP_MSG.join(map(_SEP_ROLE.join, messages))
 
     def blocks(self, block_chars: int = DEFAULT_BLOCK_CHARS) -> list[int]:
@@ -146,24 +153,19 @@ class PrefixIndex:
         return holder
 
     def match(self, blocks: Sequence[int], workers: Sequence[Holder]) -> list[int]:
-        """For each worker: how many of `blocks`, from the first, it holds."""
-        bits = []
-        live = 0
-        known = self._workers
-        for w in workers:
-            holder = known.get(w.key)
-            if holder is not None and holder.epoch != w.epoch:
-                holder = self._holder(w.key, w.epoch)  # restarted: forgotten (None)
-            bit = holder.bit if holder is not None else 0
-            bits.append(bit)
-            live |= bit
-        if not live:
-            return [0] * len(bits)
-        found: dict[int, int] = {}
+        """For each worker: how many of `blocks`, from the first, it holds.
+
+        One walk over the blocks with a mask of everyone who still holds all so far;
+        a prompt whose first block nobody holds costs one lookup.
+        """
         holders = self._holders
-        n = 0
-        for h in blocks:
-            held = holders.get(h, 0) & live
+        first = holders.get(blocks[0], 0) if blocks else 0
+        if not first:
+            return [0] * len(workers)
+        found: dict[int, int] = {}  # bit -> leading blocks held, for those who drop out
+        live, n = first, 1
+        for i in range(1, len(blocks)):
+            held = holders.get(blocks[i], 0) & live
             if held != live:
                 gone = live & ~held
                 while gone:
@@ -174,7 +176,18 @@ class PrefixIndex:
                 if not live:
                     break
             n += 1
-        return [found.get(bit, n) if bit else 0 for bit in bits]
+        known = self._workers
+        out = []
+        for w in workers:
+            holder = known.get(w.key)
+            if holder is None or not holder.bit & first:
+                out.append(0)
+            elif holder.epoch != w.epoch:
+                self.forget(w.key)  # restarted since: its cache is empty
+                out.append(0)
+            else:
+                out.append(found.get(holder.bit, n))
+        return out
 
     def add(self, blocks: Sequence[int], worker: str, epoch: int, capacity: int) -> None:
         """`worker` was sent these blocks: hold (or refresh) them, oldest evicted past
