@@ -13,6 +13,9 @@ the least recently used ones. The edge cannot see tokens, so it mirrors that in 
   `MAX_BLOCKS` count (of the first `MAX_MESSAGES` messages): they tell conversations
   apart, and the cost of a decision stays bounded however long the prompt (a longer
   shared prefix than that adds nothing to a worker's expected hit, which is then whole).
+  The price: behind a shared system prompt longer than that (16 KB at the default block,
+  ~4,000 tokens), an app's conversations all look alike, and go by load; a larger
+  `--prefix-block-chars` reaches further (and hashes as many more characters).
 - `PrefixIndex` (one per pool) holds, for each block hash, the set of workers that
   were sent it (a bit mask: one bit per worker), and for each worker its blocks in least
   recently used order, capped at that worker's capacity (its KV cache size, when the
