@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp
 
 from edge.api import admin, pages
+from edge.api.priority import Priorities, key_classes
 from edge.api.routes import PAGE_ROUTES, ROUTE_LABELS, Dispatch
 from edge.api.state import EdgeState
 from edge.config import EdgeConfig
@@ -139,6 +140,7 @@ def secured(app: ASGIApp, config: EdgeConfig, state: EdgeState, store: Store) ->
     elif not admin_key:
         log.warning("no admin key ($SLUICE_ADMIN_KEY): /metrics and /admin are refused")
     metrics = state.metrics
+    state.priorities = Priorities(key_classes(sec.key_priorities), auth=bool(keys))
     limits = Limits(
         sec.rate_limit_rps, sec.rate_limit_burst, sec.max_streams_per_key, sec.tpm_limit
     )

@@ -190,6 +190,12 @@ class SecurityConfig:
     rate_limit_burst: int = option(0, "--rate-burst", "token bucket depth (0: the rate)")
     max_streams_per_key: int = option(0, "--max-streams-per-key", "generations in flight per key")
     tpm_limit: int = option(0, "--tpm-limit", "tokens per minute per key (0: off)")
+    key_priorities: list[str] = option(
+        [],
+        "--key-priority",
+        "NAME=high|normal|low: a key's priority class, its default and ceiling (repeat)",
+        action="append",
+    )
     max_prompt_chars: int = option(0, "--max-prompt-chars", "longest prompt, characters (0: off)")
     cors_origins: list[str] = option(
         [], "--cors-origin", "browser origin allowed (repeat; '*': any)", action="append"
@@ -316,6 +322,10 @@ def check(config: EdgeConfig) -> None:
         raise SystemExit("limits must be >= 0")
     if sec.max_prompt_chars < 0:
         raise SystemExit("--max-prompt-chars must be >= 0")
+    for entry in sec.key_priorities:
+        name, _, cls = entry.partition("=")
+        if not name or cls.lower() not in ("high", "normal", "low"):
+            raise SystemExit(f"--key-priority {entry!r}: expected NAME=high|normal|low")
     if config.store.url and not config.store.url.startswith(("redis://", "rediss://", "unix://")):
         raise SystemExit("--store-url must be redis://, rediss:// or unix://")
     if config.store.timeout_s <= 0:

@@ -7,6 +7,13 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class Priority(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PRIORITY_UNSPECIFIED: _ClassVar[Priority]
+    PRIORITY_HIGH: _ClassVar[Priority]
+    PRIORITY_NORMAL: _ClassVar[Priority]
+    PRIORITY_LOW: _ClassVar[Priority]
+
 class ToolMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     TOOL_MODE_AUTO: _ClassVar[ToolMode]
@@ -21,6 +28,10 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_CANCELLED: _ClassVar[FinishReason]
     FINISH_REASON_ERROR: _ClassVar[FinishReason]
     FINISH_REASON_TOOL_CALLS: _ClassVar[FinishReason]
+PRIORITY_UNSPECIFIED: Priority
+PRIORITY_HIGH: Priority
+PRIORITY_NORMAL: Priority
+PRIORITY_LOW: Priority
 TOOL_MODE_AUTO: ToolMode
 TOOL_MODE_NONE: ToolMode
 TOOL_MODE_REQUIRED: ToolMode
@@ -40,7 +51,7 @@ class GenerateRequest(_message.Message):
     def __init__(self, start: _Optional[_Union[StartGeneration, _Mapping]] = ..., cancel: _Optional[_Union[CancelGeneration, _Mapping]] = ...) -> None: ...
 
 class StartGeneration(_message.Message):
-    __slots__ = ("request_id", "model", "chat", "prompt", "sampling", "timeout_ms", "multiplexed", "stamp_times", "detach_grace_ms", "structured_output", "stream_usage")
+    __slots__ = ("request_id", "model", "chat", "prompt", "sampling", "timeout_ms", "multiplexed", "stamp_times", "detach_grace_ms", "structured_output", "stream_usage", "priority", "tenant")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
@@ -52,6 +63,8 @@ class StartGeneration(_message.Message):
     DETACH_GRACE_MS_FIELD_NUMBER: _ClassVar[int]
     STRUCTURED_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     STREAM_USAGE_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     chat: ChatInput
@@ -63,7 +76,9 @@ class StartGeneration(_message.Message):
     detach_grace_ms: int
     structured_output: StructuredOutput
     stream_usage: bool
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., chat: _Optional[_Union[ChatInput, _Mapping]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., timeout_ms: _Optional[int] = ..., multiplexed: _Optional[bool] = ..., stamp_times: _Optional[bool] = ..., detach_grace_ms: _Optional[int] = ..., structured_output: _Optional[_Union[StructuredOutput, _Mapping]] = ..., stream_usage: _Optional[bool] = ...) -> None: ...
+    priority: Priority
+    tenant: str
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., chat: _Optional[_Union[ChatInput, _Mapping]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., timeout_ms: _Optional[int] = ..., multiplexed: _Optional[bool] = ..., stamp_times: _Optional[bool] = ..., detach_grace_ms: _Optional[int] = ..., structured_output: _Optional[_Union[StructuredOutput, _Mapping]] = ..., stream_usage: _Optional[bool] = ..., priority: _Optional[_Union[Priority, str]] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class StructuredOutput(_message.Message):
     __slots__ = ("json_schema", "json_object", "regex", "choice", "grammar", "disable_any_whitespace")

@@ -113,6 +113,9 @@ class AdmissionConfig:
 
     max_waiting: int = 64  # generations admitted beyond the batch slots
     kv_high_watermark: float = 0.98  # refuse while KV use is above this and others wait
+    # Batch slots (and places) kept per higher priority class in use; None: 1/8 of the
+    # batch slots, at least 1.
+    priority_headroom: int | None = None
 
 
 @dataclass(slots=True)
@@ -218,6 +221,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=d.engine.max_model_len)
     p.add_argument("--max-num-seqs", type=int, default=d.engine.max_num_seqs, help="batch slots")
     p.add_argument("--max-waiting", type=int, default=d.admission.max_waiting)
+    p.add_argument(
+        "--priority-headroom",
+        type=int,
+        default=None,
+        help="batch slots kept for each higher priority class while it is in use "
+        "(default: 1/8 of the batch slots, at least 1)",
+    )
     p.add_argument("--default-max-tokens", type=int, default=d.engine.default_max_tokens)
     p.add_argument(
         "--default-detach-grace",
@@ -389,7 +399,9 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
             max_concurrent_streams=args.max_concurrent_streams,
         ),
         limits=Limits(max_prompt_bytes=args.max_prompt_bytes),
-        admission=AdmissionConfig(max_waiting=args.max_waiting),
+        admission=AdmissionConfig(
+            max_waiting=args.max_waiting, priority_headroom=args.priority_headroom
+        ),
         replay=ReplayConfig(
             default_detach_grace_s=args.default_detach_grace,
             retention_s=args.replay_retention,

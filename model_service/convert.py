@@ -118,6 +118,10 @@ def structured_from_pb(so: pb.StructuredOutput) -> StructuredOutput | None:
     return StructuredOutput(kind, value, so.disable_any_whitespace)
 
 
+# The contract's priority as the admission's class index (0 high, 1 normal, 2 low).
+_PRIORITY_CLASS = {pb.PRIORITY_HIGH: 0, pb.PRIORITY_NORMAL: 1, pb.PRIORITY_LOW: 2}
+
+
 def request_from_pb(start: pb.StartGeneration) -> GenerationRequest:
     """A StartGeneration as a domain request (validation happens separately)."""
     which = start.WhichOneof("input")
@@ -129,7 +133,13 @@ def request_from_pb(start: pb.StartGeneration) -> GenerationRequest:
         model=start.model,
         timeout_s=start.timeout_ms / 1000 if start.timeout_ms else None,
         stream_usage=start.stream_usage,
+        tenant=start.tenant,
     )
+    if start.priority:
+        priority = _PRIORITY_CLASS.get(start.priority)
+        if priority is None:
+            raise InvalidArgument("priority", f"unknown priority {start.priority}")
+        req.priority = priority
     if start.HasField("structured_output"):
         req.structured = structured_from_pb(start.structured_output)
     if which == "chat":

@@ -72,7 +72,7 @@ class WorkerCore:
         parsers = self._tool_parsers(req, engine_id)
         self.engine.check(req)
         self.store.admit()  # running replay logs under --replay-max-mb
-        self.admission.admit(self.engine.stats())
+        ticket = self.admission.admit(self.engine.stats(), req.priority, req.tenant)
         try:
             ids = await self.engine.tokenize(req)
             req.prompt_token_ids = ids
@@ -91,11 +91,13 @@ class WorkerCore:
                 detach_grace_s=self._detach_grace(start),
             )
             gen.parsers = parsers
+            gen.ticket = ticket
+            ticket.displace = gen.cancel
             gen.stamp = start.stamp_times
             gen.trace_id = trace_id
             self.store.add(gen)
         except BaseException:
-            self.admission.unadmit()
+            self.admission.unadmit(ticket)
             raise
         return gen
 
@@ -131,6 +133,8 @@ class WorkerCore:
         """Run a prepared generation in its own task (it outlives any one consumer)."""
         self.live.add(gen)
         self._idle.clear()
+        if gen.ticket is not None:  # to the engine at once, or queued (`ticket.turn`)
+            self.admission.dispatch(gen.ticket)
         gen.task = gen.loop.create_task(gen.run(), name=f"generation {gen.request_id}")
 
     def engine_died(self, err: SluiceError) -> None:
@@ -163,7 +167,8 @@ class WorkerCore:
         if gen.request.trace_headers is not None:
             tracing.record(gen.request.trace_headers, summary, gen.arrived)
         self.live.discard(gen)
-        self.admission.release()
+        if gen.ticket is not None:
+            self.admission.release(gen.ticket)
         self.store.ended(gen)
         if not self.live:
             self._idle.set()
@@ -180,6 +185,8 @@ class WorkerCore:
             draining=self.draining,
             engine=self.engine.stats() if self.ready else None,
             in_flight=self.admission.in_flight,
+            queued=self.admission.queued,
+            displaced_total=self.admission.displaced_total,
             replay_bytes=self.store.bytes(),
             rejected_total=self.admission.rejected_total,
             resumed_total=self.resumed_total,

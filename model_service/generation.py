@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from generated import sluice_pb2 as pb
 from model_service import convert
+from model_service.admission import Ticket
 from model_service.engines.base import Engine
 from model_service.errors import DeadlineExceeded, EngineDead, EngineError, SluiceError
 from model_service.tools import CallParser
@@ -84,7 +85,7 @@ class Generation:
         "_prompt_tokens", "_reason", "_rt", "_scheduled_at", "_started", "_tail_text",
         "_timing", "_tokens_at_detach", "_waiters",
         "arrived", "detach_grace_s", "ended", "engine_id", "error", "log", "log_bytes",
-        "loop", "parsers", "request", "request_id", "stamp", "subscribers", "task",
+        "loop", "parsers", "request", "request_id", "stamp", "subscribers", "task", "ticket",
         "timeout_s", "trace_id",
     )  # fmt: skip
 
@@ -136,6 +137,7 @@ class Generation:
         self._ends: list[pb.ChoiceEnd | None] = [None] * n
         # Tool-call parsers, one per choice (set by the core when the request uses tools).
         self.parsers: list[CallParser | None] | None = None
+        self.ticket: Ticket | None = None  # its place in the worker's admission
         self._plain = True  # chunks need only text and ids (set as the run starts)
 
     @property
@@ -379,6 +381,14 @@ class Generation:
         n = self.request.sampling.n
         self._plain = n == 1 and not self.request.stream_usage and not self.parsers
         try:
+            turn = self.ticket.turn if self.ticket is not None else None
+            if turn is not None and not turn.done():  # queued until a batch slot is free
+                try:
+                    await asyncio.shield(turn)
+                except asyncio.CancelledError:
+                    if self._cancel_reason is None:
+                        raise
+                    return self._cancelled()
             if n == 1:  # the common case runs in this task: no child task, no fan-in
                 return await self._choice(0, self.request, self.engine_id)
             return await self._choices(n)

@@ -58,7 +58,7 @@ class LoadReporter:
         hit_rate, tps = self._rates(queried, hits, generated)
         return LoadFigures(
             running=stats.running,
-            waiting=stats.waiting,
+            waiting=stats.waiting + core.admission.queued,  # the engine's and the worker's queue
             max_running=stats.max_running,
             kv_cache_usage=stats.kv_cache_usage,
             draining=core.draining,

@@ -132,6 +132,7 @@ def _live(f: WorkerFigures) -> Iterator[Metric]:
         "waiting_requests": ("Generations waiting for a slot", stats and stats.waiting),
         "kv_cache_usage_ratio": ("KV cache in use, 0..1", stats and stats.kv_cache_usage),
         "in_flight_requests": ("Admitted generations", f.in_flight),
+        "queued_requests": ("Admitted generations waiting for a batch slot", f.queued),
         "replay_bytes": ("Approximate replay log size", f.replay_bytes),
         "draining": ("1 while draining", int(f.draining)),
         "ready": ("1 once the engine is ready", int(f.ready)),
@@ -140,6 +141,10 @@ def _live(f: WorkerFigures) -> Iterator[Metric]:
         yield GaugeMetricFamily(PREFIX + name, doc, value=float(value or 0))
     counters = {
         "admission_rejections": ("Generations refused for overload", f.rejected_total),
+        "displaced": (
+            "Queued generations refused for a higher class or a fairer share",
+            f.displaced_total,
+        ),
         "resumes": ("Resume calls attached to a generation", f.resumed_total),
         "detach_expired": ("Detached generations aborted after grace", f.detach_expired_total),
         "wasted_tokens": (

@@ -9,6 +9,7 @@ without a response serializer; the other RPCs are registered as the generated co
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import grpc
 
@@ -82,6 +83,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
             stats = EngineStats()
         core = self.core
         core.store.evict()
+        stats = replace(stats, waiting=stats.waiting + adm.queued)  # with the worker's queue
         msg = convert.stats_to_pb(
             stats,
             draining=core.draining,

@@ -26,6 +26,7 @@ import grpc
 
 from generated import sluice_pb2 as pb
 from model_service import convert, tracing
+from model_service.admission import DISPLACED
 from model_service.core import WorkerCore
 from model_service.errors import EngineError, FailedPrecondition, InvalidArgument, SluiceError
 from model_service.generation import CLIENT_CANCEL, Generation
@@ -82,9 +83,16 @@ class GenerateStream:
         gen.attach()
         reader = asyncio.create_task(self._watch(gen))
         try:
-            # Tells the caller the generation was accepted before any token exists: a
-            # caller may then drop the RPC and `Resume` later (within the detach grace).
-            await self.context.send_initial_metadata(((ACCEPTED_KEY, gen.request_id),))
+            ticket = gen.ticket
+            if ticket is not None and ticket.turn is not None and not ticket.turn.done():
+                # Queued in the worker: accepted once it reaches the engine, so one that
+                # is displaced meanwhile is refused (RESOURCE_EXHAUSTED, no metadata) and
+                # the caller may still retry it elsewhere as any refusal.
+                await asyncio.shield(ticket.turn)
+            if ticket is None or ticket.state != DISPLACED:
+                # Tells the caller the generation was accepted before any token exists: a
+                # caller may then drop the RPC and `Resume` later (within the detach grace).
+                await self.context.send_initial_metadata(((ACCEPTED_KEY, gen.request_id),))
             await send_log(gen, 0, self.context)
         except SluiceError as err:
             await abort_with(self.context, err)

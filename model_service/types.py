@@ -113,6 +113,8 @@ class GenerationRequest:
     tool_function: str = ""  # with tool_choice "function"
     parallel_tool_calls: bool = True
     stream_usage: bool = False
+    priority: int = 1  # class: 0 high, 1 normal, 2 low (`admission`)
+    tenant: str = ""  # whose it is, for fair share within the class
     # The caller's W3C trace context (traceparent, tracestate) while tracing is on.
     trace_headers: dict[str, str] | None = None
 
@@ -181,6 +183,8 @@ class WorkerFigures:
     draining: bool
     engine: EngineStats | None  # None while the engine is not ready
     in_flight: int
+    queued: int  # admitted, waiting in the worker's queue for a batch slot
+    displaced_total: int
     replay_bytes: int
     rejected_total: int
     resumed_total: int

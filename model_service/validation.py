@@ -23,6 +23,8 @@ def validate_request(req: GenerationRequest, model: ModelInfo, limits: Limits) -
     """Checks that need no tokenizer. Raises InvalidArgument / NotFound."""
     if len(req.request_id.encode()) > limits.max_request_id_bytes:
         raise InvalidArgument("request_id", f"longer than {limits.max_request_id_bytes} bytes")
+    if len(req.tenant.encode()) > limits.max_request_id_bytes:
+        raise InvalidArgument("tenant", f"longer than {limits.max_request_id_bytes} bytes")
     if req.model and req.model != model.id:
         raise NotFound(
             f"model {req.model!r} is not served here (serving {model.id!r})", field="model"

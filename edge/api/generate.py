@@ -20,7 +20,7 @@ import grpc
 from starlette.requests import Request
 from starlette.responses import Response
 
-from edge.api import affinity
+from edge.api import affinity, priority
 from edge.api.formats import make_format
 from edge.api.pages import ORJSONResponse
 from edge.api.responses import ResponsesFormat, parse_responses
@@ -132,10 +132,15 @@ async def _prepare(state: EdgeState, request: Request, kind: Kind) -> Prepared:
     if reserve is not None:  # a tokens-per-minute limit: 429 here, before any worker
         await reserve(most_tokens(req))
     request_id = new_request_id()
-    owner = state.codec.tag(record_of(request.scope).caller or "")
+    rec = record_of(request.scope)
+    owner = state.codec.tag(rec.caller or "")
     start = req.to_start("")  # the request alone, for its tag; then ours
     body = state.codec.tag(kind.encode() + b"|" + start.SerializeToString(deterministic=True))
     start.request_id = request_id
+    asked = request.headers.get(priority.HEADER)
+    start.priority, start.tenant = state.priorities.of(asked, req.service_tier, rec.caller)
+    if asked is not None or req.service_tier is not None:  # say which class it got
+        rec.headers.append((b"x-sluice-priority", priority.NAMES[start.priority].encode()))
     # The session key comes with the placement (`edge.api.affinity`, in `_failover`).
     return Prepared(req, "", request_id, trace_id(request, request_id), owner, body, start)
 

@@ -14,6 +14,7 @@ from typing import Any, Literal
 import orjson
 
 from edge.api import constraints
+from edge.api.priority import check_tier
 from edge.errors import ApiError, invalid
 from generated import sluice_pb2 as pb
 
@@ -57,6 +58,7 @@ class GenRequest:
     include_usage: bool = False
     continuous_usage: bool = False  # usage in every chunk
     user: str | None = None
+    service_tier: str | None = None  # OpenAI's; `edge.api.priority` maps it to a class
     n: int = 1
     min_p: float = 0.0
     stop_token_ids: list[int] = field(default_factory=list)
@@ -224,6 +226,7 @@ def common(body: dict[str, Any], req: GenRequest) -> None:
     req.logit_bias = constraints.logit_bias(body)
     req.structured = constraints.structured(body)
     req.user = _str(body, "user", 256)
+    req.service_tier = check_tier(_str(body, "service_tier", 16))
     req.stream = bool(_bool(body, "stream"))
     opts = body.get("stream_options")
     if opts is not None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from edge.api.affinity import CookieCodec
 from edge.api.detached import DetachedStreams
+from edge.api.priority import Priorities
 from edge.config import EdgeConfig
 from edge.errors import no_worker
 from edge.obs.metrics import Metrics
@@ -29,6 +30,7 @@ class EdgeState:
     rollouts: Rollouts | None = None  # ... and the rollout plans
     fleet: FleetSync | None = None  # ... and, with a shared store, the fleet's pools
     shared_metrics: SharedMetrics | None = None  # --processes N: /metrics for them all
+    priorities: Priorities = field(default_factory=Priorities)  # the keys' classes
     draining: bool = False
     codec: ResumeCodec = field(init=False)
     detached: DetachedStreams = field(init=False)  # browser streams' held slots

@@ -1,7 +1,8 @@
 """The simulated engine: a stand-in for a continuous-batching LLM engine.
 
 It is a real engine implementation for tests and overhead benchmarks, not a mock of the
-worker: a fixed number of batch slots, a FIFO waiting queue, a KV-token budget reserved at
+worker: a fixed number of batch slots, a waiting queue (by priority class, then FIFO, as
+vLLM's priority scheduling), a KV-token budget reserved at
 scheduling (prompt + max_tokens), configurable time to first token and per-token delay,
 deterministic output for a given prompt and seed, immediate slot release on abort.
 
@@ -148,6 +149,7 @@ class _SimRequest:
     request_id: str
     need_kv: int
     scheduled: asyncio.Future[None]
+    priority: int = 1  # 0 high .. 2 low: the waiting queue is ordered by it
     aborted: bool = False
     running: bool = False
     scheduled_at: float | None = None
@@ -267,7 +269,8 @@ class SimEngine(Engine):
         self._schedule()
 
     def _schedule(self) -> None:
-        """Move waiting requests into free slots, FIFO, while the KV budget allows."""
+        """Move waiting requests into free slots, by class then FIFO, while the KV budget
+        allows."""
         while self._waiting and self._running < self.config.max_num_seqs:
             head = self._waiting[0]
             if self._kv_used + head.need_kv > self._opts.kv_cache_tokens and self._running:
@@ -322,10 +325,17 @@ class SimEngine(Engine):
         if request.request_id in self._requests:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         req = _SimRequest(
-            request.request_id, len(prompt_ids) + max_tokens, self._loop.create_future()
+            request.request_id,
+            len(prompt_ids) + max_tokens,
+            self._loop.create_future(),
+            request.priority,
         )
         self._requests[request.request_id] = req
-        self._waiting.append(req)
+        waiting = self._waiting
+        at = len(waiting)
+        while at and waiting[at - 1].priority > req.priority:  # behind its class, FIFO
+            at -= 1
+        waiting.insert(at, req)
         self._schedule()
         try:
             await req.scheduled

@@ -186,6 +186,7 @@ class VllmEngine(Engine):
             self._sampling_params(request),
             request.request_id,
             trace_headers=request.trace_headers,  # vLLM's own spans join the caller's trace
+            priority=request.priority,  # 0 high .. 2 low: lower goes first
         )
         completion = 0
         try:

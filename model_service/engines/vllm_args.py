@@ -77,6 +77,10 @@ def build_engine_args(config: EngineConfig) -> Any:
         # Our stat logger still gets the stats; this only drops vLLM's periodic log lines.
         "disable_log_stats": True,
         "enable_log_requests": False,
+        # Requests carry their class (0 high .. 2 low): vLLM schedules its waiting queue
+        # by it, and preempts the lowest class first when the KV cache runs out. Within a
+        # class it is first come, first served, as the default policy is.
+        "scheduling_policy": "priority",
     }
     if opts.otlp_traces_endpoint:  # tracing on: vLLM exports its request spans there too
         kwargs["otlp_traces_endpoint"] = opts.otlp_traces_endpoint

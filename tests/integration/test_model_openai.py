@@ -265,3 +265,15 @@ async def test_the_same_constraints_over_grpc(vllm_worker: Proc) -> None:
         assert deltas[0].name == "get_weather" and deltas[0].id.startswith("call_")
         args = json.loads("".join(d.arguments for d in deltas))
         assert args == {"city": "Paris", "unit": "C"}
+
+
+def test_every_priority_class_runs_on_vllm_priority_scheduling(client: openai.OpenAI) -> None:
+    """vLLM runs with `scheduling_policy="priority"`: each class reaches it (as 0, 1, 2)
+    and, at temperature 0, gets the same answer; the edge says which class it used."""
+    kw: Any = {"model": "", "messages": FRANCE, "temperature": 0, "max_tokens": 12}
+    answers = {}
+    for tier, header in [("priority", "high"), ("default", "normal"), ("flex", "low")]:
+        raw = client.chat.completions.with_raw_response.create(**kw, service_tier=tier)
+        assert raw.headers["x-sluice-priority"] == header
+        answers[header] = raw.parse().choices[0].message.content
+    assert answers["high"] and answers["high"] == answers["normal"] == answers["low"]

@@ -23,7 +23,11 @@ def fake_core(**stats: object) -> SimpleNamespace:
     engine = SimpleNamespace(current=EngineStats(**stats))  # type: ignore[arg-type]
     engine.stats = lambda: engine.current
     return SimpleNamespace(
-        engine=engine, ready=True, draining=False, metrics=SimpleNamespace(completion_tokens=0)
+        engine=engine,
+        ready=True,
+        draining=False,
+        metrics=SimpleNamespace(completion_tokens=0),
+        admission=SimpleNamespace(queued=0),
     )
 
 

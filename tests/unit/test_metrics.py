@@ -34,7 +34,7 @@ def test_names_and_values_of_a_scrape() -> None:
     for gap in (0.004, 0.006):
         m.itl.observe(gap)
     stats = EngineStats(running=2, waiting=1, max_running=4, kv_cache_usage=0.5)
-    m.watch(lambda: WorkerFigures(True, False, stats, 3, 1234, 7, 2, 1, 9))
+    m.watch(lambda: WorkerFigures(True, False, stats, 3, 4, 5, 1234, 7, 2, 1, 9))
     s = samples(m)
     p = "sluice_worker_"
     assert s[p + 'requests_total{code="OK"}'] == 1
@@ -51,10 +51,11 @@ def test_names_and_values_of_a_scrape() -> None:
     assert s[p + "in_flight_requests"] == 3 and s[p + "replay_bytes"] == 1234
     assert s[p + "ready"] == 1 and s[p + "draining"] == 0
     assert s[p + "admission_rejections_total"] == 7 and s[p + "wasted_tokens_total"] == 9
+    assert s[p + "queued_requests"] == 4 and s[p + "displaced_total"] == 5
 
 
 def test_before_the_engine_is_ready_load_gauges_read_zero() -> None:
     m = WorkerMetrics()
-    m.watch(lambda: WorkerFigures(False, False, None, 0, 0, 0, 0, 0, 0))
+    m.watch(lambda: WorkerFigures(False, False, None, 0, 0, 0, 0, 0, 0, 0, 0))
     s = samples(m)
     assert s["sluice_worker_ready"] == 0 and s["sluice_worker_running_requests"] == 0
