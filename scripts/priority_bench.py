@@ -1,6 +1,6 @@
 """Priority and fair-share benchmark: floods at 3x a sim worker's capacity, through the edge.
 
-    python -m scripts.priority_bench                  # ~2.5 min; results in scripts/results
+    python -m scripts.priority_bench                  # ~3 min; results in scripts/results
     python -m scripts.priority_bench --duration 10 --out /tmp
 
 Starts one sim worker (`--slots` batch slots, as many places queued, `--headroom` slots
@@ -14,11 +14,15 @@ high), `batch` (low), `tenant-a` and `tenant-b` (normal). Every phase is open-lo
 2. `fair_unequal`: tenant-a offers 2.5x capacity, tenant-b 0.5x: b asks for less than
    half, so all of it should be served (FIFO admission would serve about 1/3 of it).
 3. `flood_one_class`: batch offers 3x capacity at low priority, and the interactive key's
-   probes (`--probe-rate`/s) come as low too (X-Sluice-Priority: low): what a probe gets
-   when nothing tells it apart.
+   probes (`--probe-rate`/s) come as low too (X-Sluice-Priority: low): fair share still
+   admits them (another tenant), but they wait in the queue with the flood.
 4. `unloaded`: the probes alone, as high: the reference TTFT.
 5. `flood`: the low flood again, probes as high. Goal: every probe admitted, p99 TTFT
    within 1.5x of `unloaded`'s.
+6. `flood_default_headroom`: the same with the worker's default headroom (1/8 of the
+   slots): what fewer slots held back gives the low class, and costs the probes.
+
+Each phase runs on a fresh worker and edge, so no class is in use when it starts.
 
 Capacity is slots / (ttft + (tokens - 1) x token delay), the sim's own service time.
 Results: scripts/results/priority.{json,md} (or --out DIR), with the command and commit.
@@ -47,8 +51,8 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.integration.edge_fixtures import wait_ready, worker_stats  # noqa: E402
-from tests.procs import start_edge, start_worker  # noqa: E402
+from tests.integration.edge_fixtures import wait_ready  # noqa: E402
+from tests.procs import Proc, start_edge, start_worker  # noqa: E402
 
 CHAT = "/v1/chat/completions"
 KEYS = {name: f"sk-bench-{name}-{os.urandom(8).hex()}" for name in
@@ -162,30 +166,50 @@ async def phase(
     return out
 
 
-def drained(address: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        s = worker_stats(address)
-        if s.running == 0 and s.waiting == 0:
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError("the worker did not drain between phases")
-        time.sleep(0.05)
+def start_stack(args: argparse.Namespace, keys_file: Path, headroom: int) -> tuple[Proc, Proc]:
+    """A fresh sim worker (no class in use yet) and an edge in front of it."""
+    worker = start_worker(
+        "--engine", "sim", "--sim-ttft", str(args.ttft), "--sim-token-delay",
+        str(args.token_delay), "--max-num-seqs", str(args.slots), "--max-waiting",
+        str(args.slots), "--priority-headroom", str(headroom),
+    )  # fmt: skip
+    try:
+        edge = start_edge(
+            "--worker", worker.address, "--api-keys-file", str(keys_file),
+            "--key-priority", "interactive=high", "--key-priority", "batch=low",
+            "--max-tries", "1",
+        )  # fmt: skip
+        wait_ready(f"http://{edge.address}")
+    except BaseException:
+        worker.kill()
+        raise
+    return worker, edge
 
 
-def run(base: str, worker: str, args: argparse.Namespace, capacity: float) -> dict[str, Any]:
+def run(args: argparse.Namespace, keys_file: Path, capacity: float) -> dict[str, Any]:
+    """Each phase on its own fresh stack: which classes are in use starts empty."""
     low = {"x-sluice-priority": "low"}
-    plan: list[tuple[str, list[tuple[str, float, dict[str, str]]]]] = [
-        ("fair_equal", [("tenant-a", 1.5 * capacity, {}), ("tenant-b", 1.5 * capacity, {})]),
-        ("fair_unequal", [("tenant-a", 2.5 * capacity, {}), ("tenant-b", 0.5 * capacity, {})]),
-        ("flood_one_class", [("batch", 3 * capacity, {}), ("interactive", args.probe_rate, low)]),
-        ("unloaded", [("interactive", args.probe_rate, {})]),
-        ("flood", [("batch", 3 * capacity, {}), ("interactive", args.probe_rate, {})]),
-    ]
+    flood = [("batch", 3 * capacity, {}), ("interactive", args.probe_rate, {})]
+    plan: list[tuple[str, int, list[tuple[str, float, dict[str, str]]]]] = [
+        ("fair_equal", args.headroom,
+         [("tenant-a", 1.5 * capacity, {}), ("tenant-b", 1.5 * capacity, {})]),
+        ("fair_unequal", args.headroom,
+         [("tenant-a", 2.5 * capacity, {}), ("tenant-b", 0.5 * capacity, {})]),
+        ("flood_one_class", args.headroom,
+         [("batch", 3 * capacity, {}), ("interactive", args.probe_rate, low)]),
+        ("unloaded", args.headroom, [("interactive", args.probe_rate, {})]),
+        ("flood", args.headroom, flood),
+        ("flood_default_headroom", max(1, args.slots // 8), flood),
+    ]  # fmt: skip
     phases = {}
-    for name, streams in plan:
-        drained(worker)
-        phases[name] = asyncio.run(phase(base, args, streams))
+    for name, headroom, streams in plan:
+        worker, edge = start_stack(args, keys_file, headroom)
+        try:
+            phases[name] = asyncio.run(phase(f"http://{edge.address}", args, streams))
+            phases[name]["headroom"] = headroom
+        finally:
+            edge.kill()
+            worker.kill()
         print(name, json.dumps(phases[name]), flush=True)
     return phases
 
@@ -204,7 +228,16 @@ def verdicts(phases: dict[str, Any]) -> dict[str, Any]:
         "high_all_admitted_under_flood": flood["completed"] == flood["sent"],
         "high_p99_ttft_ratio_flood_vs_unloaded": None if ratio is None else round(ratio, 2),
         "high_p99_within_1_5x": ratio is not None and ratio <= 1.5,
+        "low_completed_per_s_flood": flood_low(phases["flood"]),
+        "low_completed_per_s_flood_default_headroom": flood_low(phases["flood_default_headroom"]),
+        "high_p99_ttft_ms_flood_default_headroom": (
+            phases["flood_default_headroom"]["interactive"]["ttft_p99_ms"]
+        ),
     }
+
+
+def flood_low(phase: dict[str, Any]) -> float:
+    return float(phase["batch"]["completed_per_s"])
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -230,17 +263,24 @@ def markdown(result: dict[str, Any]) -> str:
         f"{v['high_all_admitted_under_flood']}; high p99 TTFT "
         f"{v['high_p99_ttft_ratio_flood_vs_unloaded']}x the unloaded p99 (goal <= 1.5x): "
         f"{'met' if v['high_p99_within_1_5x'] else 'NOT met'}",
+        f"- the headroom's price: the low class completed {v['low_completed_per_s_flood']}/s "
+        f"with {cfg['headroom']} slots held back, "
+        f"{v['low_completed_per_s_flood_default_headroom']}/s with the default headroom "
+        f"(where the probes' p99 TTFT was {v['high_p99_ttft_ms_flood_default_headroom']} ms)",
         "",
-        "| phase | key | offered /s | sent | completed | 429 | other | served | "
+        "| phase (headroom) | key | offered /s | sent | completed | 429 | other | served | "
         "done /s | TTFT p50 / p90 / p99 ms |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, keys in result["phases"].items():
         for key, r in keys.items():
+            if key == "headroom":
+                continue
             served = "-" if r["admitted_fraction"] is None else f"{r['admitted_fraction']:.1%}"
             cls = f" ({r['headers']['x-sluice-priority']})" if r["headers"] else ""
             lines.append(
-                f"| {name} | {key}{cls} | {r['offered_per_s']:.1f} | {r['sent']} | "
+                f"| {name} ({keys['headroom']}) | {key}{cls} | {r['offered_per_s']:.1f} | "
+                f"{r['sent']} | "
                 f"{r['completed']} | {r['refused_429']} | {r['other_failures']} | {served} | "
                 f"{r['completed_per_s']} | {r['ttft_p50_ms']} / {r['ttft_p90_ms']} / "
                 f"{r['ttft_p99_ms']} |"
@@ -270,25 +310,9 @@ def main() -> int:
     keys_file.write_text(
         "".join(f"{n}:sha256:{hashlib.sha256(k.encode()).hexdigest()}\n" for n, k in KEYS.items())
     )
-    worker = start_worker(
-        "--engine", "sim", "--sim-ttft", str(args.ttft), "--sim-token-delay",
-        str(args.token_delay), "--max-num-seqs", str(args.slots), "--max-waiting",
-        str(args.slots), "--priority-headroom", str(args.headroom),
-    )  # fmt: skip
-    edge = None
     try:
-        edge = start_edge(
-            "--worker", worker.address, "--api-keys-file", str(keys_file),
-            "--key-priority", "interactive=high", "--key-priority", "batch=low",
-            "--max-tries", "1",
-        )  # fmt: skip
-        base = f"http://{edge.address}"
-        wait_ready(base)
-        phases = run(base, worker.address, args, capacity)
+        phases = run(args, keys_file, capacity)
     finally:
-        if edge is not None:
-            edge.kill()
-        worker.kill()
         keys_file.unlink(missing_ok=True)
     result: dict[str, Any] = {
         "command": "python -m scripts.priority_bench " + " ".join(sys.argv[1:]),
