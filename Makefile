@@ -50,13 +50,13 @@ bench: setup ## Benchmarks (BENCHMARKS.md), with the [bench] extra (vllm-router)
 	$(PY) -m scripts.bench $(or $(ARGS),$(BENCH_DEFAULT))
 
 lint: setup ## ruff (lint + format check) and mypy
-	$(PY) -m ruff check model_service edge tests scripts
-	$(PY) -m ruff format --check model_service edge tests scripts
+	$(PY) -m ruff check sluice_common model_service edge tests scripts
+	$(PY) -m ruff format --check sluice_common model_service edge tests scripts
 	$(PY) -m mypy
 
 fmt: setup ## Format the code
-	$(PY) -m ruff format model_service edge tests scripts
-	$(PY) -m ruff check --fix model_service edge tests scripts
+	$(PY) -m ruff format sluice_common model_service edge tests scripts
+	$(PY) -m ruff check --fix sluice_common model_service edge tests scripts
 
 clean: ## Remove .venv and caches (the converted model stays in ~/.cache/sluice)
 	rm -rf .venv .pytest_cache .mypy_cache .ruff_cache

@@ -6,6 +6,8 @@ import argparse
 import os
 from dataclasses import dataclass, field
 
+from sluice_common import otel
+
 LOOPS = ("auto", "asyncio", "uvloop")
 
 
@@ -381,7 +383,7 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
             pipeline_parallel_size=args.pipeline_parallel_size,
             data_parallel_size=args.data_parallel_size,
             distributed_executor_backend=args.distributed_executor_backend,
-            otlp_traces_endpoint=_otlp_endpoint(args.otlp_endpoint),
+            otlp_traces_endpoint=otel.endpoint_from_env(args.otlp_endpoint),
         ),
         triton=_triton_options(args),
     )
@@ -410,11 +412,5 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
         log_level=args.log_level,
         access_log=args.log_format == "json" if args.access_log is None else args.access_log,
         loop=args.loop,
-        otlp_endpoint=_otlp_endpoint(args.otlp_endpoint),
+        otlp_endpoint=otel.endpoint_from_env(args.otlp_endpoint),
     )
-
-
-def _otlp_endpoint(flag: str) -> str:
-    from model_service.tracing import endpoint_from_env
-
-    return endpoint_from_env(flag)

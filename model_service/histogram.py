@@ -6,8 +6,8 @@ event loop's thread only; a scrape (prometheus_client's HTTP thread) copies the 
 under the GIL, so it may see the sum of one observation more or less than the counts:
 Prometheus tolerates that, as it does for its own multiprocess mode.
 
-The edge has the same idea in `edge/histogram.py`; the two processes share no code but
-`generated/`, so each keeps its own copy (this one is the smaller: no text exposition).
+The edge has the same idea in `edge/obs/histogram.py`; each process keeps its own copy
+(this one is the smaller: no weights, no text exposition).
 """
 
 from __future__ import annotations

@@ -6,31 +6,11 @@ the edge sends), so one request can be followed from the edge's log into the wor
 
 from __future__ import annotations
 
-import json
 import logging
-import time
+
+from sluice_common.logs import TEXT_FORMAT, JsonFormatter
 
 TRACE_METADATA_KEY = "x-request-id"
-_STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
-
-
-class JsonFormatter(logging.Formatter):
-    """`{"ts", "level", "logger", "msg", ...extra fields}` on one line."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        out = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        for key, value in record.__dict__.items():
-            if key not in _STANDARD and not key.startswith("_"):
-                out[key] = value
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str)
 
 
 def setup_logging(level: str, fmt: str) -> None:
@@ -39,7 +19,7 @@ def setup_logging(level: str, fmt: str) -> None:
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

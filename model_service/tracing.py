@@ -14,9 +14,10 @@ engine passes the same trace context on to vLLM's own tracing (its
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any
+
+from sluice_common import otel
 
 log = logging.getLogger("sluice.worker")
 
@@ -26,29 +27,12 @@ _tracer: Any = None
 _provider: Any = None
 
 
-def endpoint_from_env(flag: str) -> str:
-    """The traces endpoint: the flag, else the standard OTLP variables; "" = tracing off."""
-    if os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
-        return ""
-    return (
-        flag
-        or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
-        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
-    )
-
-
 def setup(endpoint: str, service: str = "sluice-worker") -> bool:
-    """Turn tracing on for `endpoint` (see `endpoint_from_env`); False when it is ""."""
+    """Turn tracing on for `endpoint` (see `otel.endpoint_from_env`); False when it is ""."""
     global _tracer, _provider
     if not endpoint:
         return False
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
-    _provider = TracerProvider(resource=Resource.create({"service.name": service}))
-    _provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+    _provider = otel.tracer_provider(endpoint, service)
     _tracer = _provider.get_tracer("sluice.worker")
     log.info("tracing on: OTLP to %s", endpoint)
     return True
@@ -76,9 +60,8 @@ def record(trace_headers: dict[str, str], summary: dict[str, Any], arrived: floa
     if _tracer is None:
         return
     from opentelemetry import trace
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-    parent = TraceContextTextMapPropagator().extract(trace_headers)
+    parent = otel.extract(trace_headers)
     # Monotonic seconds -> epoch nanoseconds, as the SDK's timestamps are.
     start = time.time_ns() - int((time.monotonic() - arrived) * 1e9)
 

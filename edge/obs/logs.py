@@ -14,42 +14,21 @@ every process, so `--processes N` processes log the same way.
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import re
-import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
 from starlette.types import Scope
 from uvicorn.config import LOGGING_CONFIG
 
+from sluice_common.logs import TEXT_FORMAT, JsonFormatter
+
 if TYPE_CHECKING:
     from edge.obs.record import RequestRecord
 
-TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-_STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "color_message"}
 TRACE_RE = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
 access_log = logging.getLogger("sluice.edge.access")
-
-
-class JsonFormatter(logging.Formatter):
-    """`{"ts", "level", "logger", "msg", ...extra fields}` on one line (as the worker's)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        for key, value in record.__dict__.items():
-            if key not in _STANDARD and not key.startswith("_"):
-                out[key] = value
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str)
 
 
 def log_config(fmt: str, level: str) -> dict[str, Any]:

@@ -20,9 +20,10 @@ or sent, and the token path has no hook at all.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, TypeVar
+
+from sluice_common import otel
 
 log = logging.getLogger("sluice.edge")
 
@@ -35,30 +36,13 @@ _tracer: Any = None  # an opentelemetry Tracer while tracing is on
 _provider: Any = None
 
 
-def endpoint_from_env(flag: str) -> str:
-    """The traces endpoint: the flag, else the standard OTLP variables; "" = tracing off."""
-    if os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
-        return ""
-    return (
-        flag
-        or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
-        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
-    )
-
-
 def setup(flag: str, service: str = "sluice-edge") -> bool:
     """Turn tracing on when an endpoint is configured (see the module docstring)."""
     global _tracer, _provider
-    endpoint = endpoint_from_env(flag)
+    endpoint = otel.endpoint_from_env(flag)
     if not endpoint:
         return False
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
-    _provider = TracerProvider(resource=Resource.create({"service.name": service}))
-    _provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+    _provider = otel.tracer_provider(endpoint, service)
     _tracer = _provider.get_tracer("sluice.edge")
     log.info("tracing on: OTLP to %s", endpoint)
     return True
@@ -84,13 +68,12 @@ def start_request(scope: MutableMapping[str, Any], route: str) -> tuple[Any, Any
     if _tracer is None or route in UNTRACED_ROUTES:
         return None
     from opentelemetry import context, trace
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
     carrier: dict[str, str] = {}
     for name, value in scope.get("headers", ()):
         if name == b"traceparent" or name == b"tracestate":
             carrier[name.decode()] = value.decode("latin-1")
-    parent = TraceContextTextMapPropagator().extract(carrier) if carrier else None
+    parent = otel.extract(carrier) if carrier else None
     span = _tracer.start_span(
         "request",
         context=parent,

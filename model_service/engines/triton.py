@@ -36,6 +36,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from model_service.config import EngineConfig, TritonOptions
+from model_service.engines import chat_template
 from model_service.engines.base import Engine
 from model_service.errors import EngineError, InvalidArgument, Unavailable
 from model_service.types import (
@@ -232,21 +233,7 @@ class TritonEngine(Engine):
         if request.messages is None:
             return request.prompt or ""
         messages = [{"role": m.role, "content": m.content} for m in request.messages]
-        # A final assistant message without a generation prompt is a prefix to continue.
-        continue_final = not request.add_generation_prompt and messages[-1]["role"] == "assistant"
-        try:
-            return str(
-                self._tokenizer.apply_chat_template(
-                    messages,
-                    tokenize=False,
-                    add_generation_prompt=request.add_generation_prompt,
-                    continue_final_message=continue_final,
-                )
-            )
-        except Exception as exc:
-            raise InvalidArgument(
-                "chat.messages", f"chat template refused the messages: {exc}"
-            ) from exc
+        return chat_template.render(self._tokenizer, messages, request.add_generation_prompt)
 
     def check(self, request: GenerationRequest) -> None:
         field = unsupported_field(request)

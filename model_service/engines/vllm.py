@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, cast
 
 from model_service.config import EngineConfig
+from model_service.engines import chat_template
 from model_service.engines.base import Engine
 from model_service.engines.vllm_stats import StatsCollector
 from model_service.errors import EngineDead, EngineError, InvalidArgument, Overloaded, Unavailable
@@ -148,22 +149,8 @@ class VllmEngine(Engine):
         if request.messages is None:
             return list(tok.encode(request.prompt or ""))
         messages = [_template_message(m) for m in request.messages]
-        # A final assistant message without a generation prompt is a prefix to continue
-        # (failover continuations): leave that turn open instead of closing it.
-        continue_final = not request.add_generation_prompt and messages[-1]["role"] == "assistant"
         tools = [_template_tool(t) for t in request.tools] or None
-        try:
-            text = tok.apply_chat_template(
-                messages,
-                tools=tools,
-                tokenize=False,
-                add_generation_prompt=request.add_generation_prompt,
-                continue_final_message=continue_final,
-            )
-        except Exception as exc:  # a template may reject a role order, e.g. jinja raise_exception
-            raise InvalidArgument(
-                "chat.messages", f"chat template refused the messages: {exc}"
-            ) from exc
+        text = chat_template.render(tok, messages, request.add_generation_prompt, tools)
         # The template already holds the special tokens; do not add a second BOS.
         return list(tok.encode(text, add_special_tokens=False))
 

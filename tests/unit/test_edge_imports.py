@@ -1,5 +1,6 @@
-"""The edge's import rules: it shares only `generated/` with the worker, and its layers
-import one way (api -> stream -> upstream; security and obs depend on neither)."""
+"""The edge's import rules: it shares only `generated/` and `sluice_common/` with the
+worker (test_shared_imports.py), and its layers import one way (api -> stream -> upstream;
+security and obs depend on neither)."""
 
 from __future__ import annotations
 
