@@ -2,6 +2,7 @@
 
     python scripts/worker_cpu.py --label before          # both modes, ~40 s
     python scripts/worker_cpu.py --mode tokens --duration 15
+    python scripts/worker_cpu.py --mode all --label mux   # + multiplexed requests, ~60 s
 
 Starts `python -m model_service --engine sim --sim-ttft 0 --sim-token-delay 0.02` (room
 for every stream: no admission refusals), then, from this process (the client, over one
@@ -10,8 +11,13 @@ channel as an edge would), runs one or both modes at `--concurrency` streams:
 - tokens: long streams (ignore_eos) that each get one token every 20 ms, so every message
   carries one token. Reported: messages and tokens delivered in the window, the worker's
   CPU seconds in the same window, CPU per message.
-- requests: back-to-back 1-token generations (max_tokens=1: a chunk and a final each).
-  Reported: requests/s and the worker's CPU per request.
+- requests: back-to-back 1-token generations (max_tokens=1: a chunk and a final each),
+  one Generate RPC each (simple mode, as the edge calls). Reported: requests/s and the
+  worker's CPU per request.
+- mux: the same generations over `--streams` multiplexed Generate RPCs (the contract's
+  multiplexed mode: many starts on one stream, messages told apart by request id), so
+  no RPC is set up per generation. What the worker would spend per request if the edge
+  multiplexed its calls.
 
 Worker CPU is utime + stime of /proc/PID/stat (all its threads: the event loop and gRPC's
 poller), read at the start and the end of the window, after `--warmup` seconds.
@@ -166,12 +172,86 @@ async def requests_mode(
     }
 
 
+async def mux_mode(
+    channel: grpc.aio.Channel,
+    w: Window,
+    concurrency: int,
+    warmup: float,
+    duration: float,
+    streams: int = 4,
+) -> dict[str, Any]:
+    generate = channel.stream_stream(GENERATE, request_serializer=None, response_deserializer=None)
+    running = True
+    loop = asyncio.get_running_loop()
+
+    async def stream(k: int) -> None:
+        call = generate()
+        pending: dict[str, asyncio.Future[None]] = {}
+        lock = asyncio.Lock()  # one write at a time on the stream
+        first = True
+
+        async def read() -> None:
+            async for raw in call:
+                msg = pb.GenerateResponse.FromString(raw)
+                if msg.HasField("final"):
+                    fut = pending.pop(msg.request_id, None)
+                    if fut is not None:
+                        fut.set_result(None)
+
+        async def one(i: int) -> None:
+            nonlocal first
+            n = 0
+            while running:
+                n += 1
+                rid = f"mux-{k}-{i}-{n}"
+                sp = pb.SamplingParams(max_tokens=1, temperature=0)
+                start = pb.StartGeneration(
+                    request_id=rid, prompt=f"measure the worker {rid}", sampling=sp
+                )
+                start.multiplexed = first  # the first start of the stream says so
+                first = False
+                fut = pending[rid] = loop.create_future()
+                async with lock:
+                    await call.write(pb.GenerateRequest(start=start).SerializeToString())
+                await fut
+                if w.open:
+                    w.requests += 1
+
+        reader = asyncio.create_task(read())
+        await asyncio.gather(*(one(i) for i in range(concurrency // streams)))
+        await call.done_writing()
+        await reader
+
+    tasks = [asyncio.create_task(stream(k)) for k in range(streams)]
+    await asyncio.sleep(warmup)
+    w.start()
+    await asyncio.sleep(duration)
+    w.stop()
+    running = False
+    await asyncio.gather(*tasks)
+    return {
+        "concurrency": concurrency,
+        "streams": streams,
+        "window_s": round(w.wall, 3),
+        "requests": w.requests,
+        "requests_per_s": round(w.requests / w.wall, 1),
+        "worker_cpu_s": round(w.cpu, 3),
+        "worker_cpu_share": round(w.cpu / w.wall, 3),
+        "worker_cpu_us_per_request": round(w.cpu / max(w.requests, 1) * 1e6, 1),
+    }
+
+
+MODES = {"tokens": tokens_mode, "requests": requests_mode, "mux": mux_mode}
+
+
 async def measure(args: argparse.Namespace, address: str, pid: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     modes = ("tokens", "requests") if args.mode == "both" else (args.mode,)
+    if args.mode == "all":
+        modes = ("tokens", "requests", "mux")
     async with grpc.aio.insecure_channel(address) as channel:
         for mode in modes:
-            run = tokens_mode if mode == "tokens" else requests_mode
+            run = MODES[mode]
             window = Window(pid)
             out[mode] = await run(channel, window, args.concurrency, args.warmup, args.duration)
             print(mode, json.dumps(out[mode]), flush=True)
@@ -253,7 +333,7 @@ def git_commit() -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--mode", choices=("tokens", "requests", "both"), default="both")
+    p.add_argument("--mode", choices=(*MODES, "both", "all"), default="both")
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--duration", type=float, default=15.0, help="measured seconds per mode")
     p.add_argument("--warmup", type=float, default=3.0, help="seconds before the window")
