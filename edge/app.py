@@ -35,12 +35,14 @@ from edge.store.guarded import Guarded
 from edge.store.memory import MemoryStore as LocalStore
 from edge.store.pins import StorePins
 from edge.store.redis import RedisStore
+from edge.store.windows import WindowCounters
 from edge.upstream import canary
 from edge.upstream.channel import ChannelFactory, channel_options
 from edge.upstream.fleet import FleetSync
 from edge.upstream.registry import registry_from_config
 from edge.upstream.rollouts import Rollouts
 from edge.upstream.sessions import MemoryStore, Pinning, SessionStore
+from edge.upstream.windows import FleetWindows, LocalWindows, Windows
 
 log = logging.getLogger("sluice.edge")
 
@@ -98,13 +100,18 @@ def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
             merged = SharedMetrics(config.server.metrics_dir, lambda: pages.render_metrics(state))
             state.shared_metrics = merged
             registry.spawn(merged.run(), "metrics writer")
-        control = None
+        control = counters = None
+        windows: Windows = LocalWindows(registry)
         if config.store.url:  # admin changes and rollbacks reach every process and replica
-            control = Control(config.store.url, config.store.timeout_s, config.store.prefix)
+            s = config.store
+            control = Control(s.url, s.timeout_s, s.prefix)
             fleet = state.fleet = FleetSync(registry, control)
             registry.spawn(fleet.watch(), "fleet watch")
-        publish = state.fleet.publish if state.fleet is not None else None
-        registry.spawn(canary.watch(registry, publish), "canary watch")
+            counters = WindowCounters(s.url, s.timeout_s, s.prefix)  # canary windows summed
+            shared_windows = FleetWindows(registry, counters, lambda: canary.span(registry))
+            windows = state.windows = shared_windows
+            registry.spawn(shared_windows.run(), "fleet windows")
+        registry.spawn(canary.watch(registry, windows, state.fleet), "canary watch")
         registry.spawn(rollouts.watch(), "rollouts watch")
         try:
             yield
@@ -114,6 +121,8 @@ def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
             await limits_store.close()
             if control is not None:
                 await control.close()
+            if counters is not None:
+                await counters.close()
 
     admin_key = config.routing.admin_key
     rest = Starlette(

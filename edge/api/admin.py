@@ -41,6 +41,7 @@ from edge.upstream.plans import parse_plan
 from edge.upstream.pools import PoolConfigError, parse_pool, parse_weight
 from edge.upstream.registry import PoolRegistry
 from edge.upstream.rollouts import Rollouts
+from edge.upstream.windows import FleetWindows
 
 MAX_ADMIN_BODY = 64 * 1024
 
@@ -92,25 +93,38 @@ def _admin(handler: Any, publish: bool = False) -> Any:
     return endpoint
 
 
-def _one(registry: PoolRegistry, name: str) -> dict[str, Any]:
-    registry.pool(name)  # 404 if unknown
+def _pools(request: Request, registry: PoolRegistry) -> list[dict[str, Any]]:
+    """The registry's pools; with a shared store, each pool with rollback bounds with its
+    fleet-wide window too (`fleet_window`, null while Redis does not answer)."""
     pools = registry.describe()["pools"]
     assert isinstance(pools, list)
-    return next(p for p in pools if p["name"] == name)
+    windows: FleetWindows | None = request.app.state.edge.windows
+    if windows is not None:
+        now = time.monotonic()
+        for p in [p for p in pools if p["rollback"]]:
+            seconds = p["window"]["seconds"]
+            fleet = windows.window(p["name"], seconds, now) if windows.fresh else None
+            p["fleet_window"] = None if fleet is None else {"seconds": seconds, **fleet.to_dict()}
+    return pools
+
+
+def _one(request: Request, registry: PoolRegistry, name: str) -> dict[str, Any]:
+    registry.pool(name)  # 404 if unknown
+    return next(p for p in _pools(request, registry) if p["name"] == name)
 
 
 async def list_pools(request: Request, registry: PoolRegistry) -> Response:
-    return _json(registry.describe())
+    return _json({"pools": _pools(request, registry)})
 
 
 async def create_pool(request: Request, registry: PoolRegistry) -> Response:
     spec = parse_pool(await _body(request))
     registry.add_pool(spec)
-    return _json(_one(registry, spec.name), 201)
+    return _json(_one(request, registry, spec.name), 201)
 
 
 async def get_pool(request: Request, registry: PoolRegistry) -> Response:
-    return _json(_one(registry, request.path_params["name"]))
+    return _json(_one(request, registry, request.path_params["name"]))
 
 
 async def delete_pool(request: Request, registry: PoolRegistry) -> Response:
@@ -122,7 +136,7 @@ async def set_weight(request: Request, registry: PoolRegistry) -> Response:
     name = request.path_params["name"]
     weight = parse_weight((await _body(request)).get("weight"))
     registry.set_weight(name, weight)
-    return _json(_one(registry, name))
+    return _json(_one(request, registry, name))
 
 
 async def add_worker(request: Request, registry: PoolRegistry) -> Response:
@@ -142,7 +156,7 @@ async def remove_worker(request: Request, registry: PoolRegistry) -> Response:
 async def drain_pool(request: Request, registry: PoolRegistry) -> Response:
     name = request.path_params["name"]
     registry.drain(name)
-    return _json(_one(registry, name))
+    return _json(_one(request, registry, name))
 
 
 def _rollouts(request: Request) -> Rollouts:

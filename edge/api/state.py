@@ -18,6 +18,7 @@ from edge.upstream.fleet import FleetSync
 from edge.upstream.registry import PoolRegistry
 from edge.upstream.rollouts import Rollouts
 from edge.upstream.sessions import Pinning
+from edge.upstream.windows import FleetWindows
 
 
 @dataclass(slots=True)
@@ -28,6 +29,7 @@ class EdgeState:
     pinning: Pinning | None = None  # ... the sessions' pools
     rollouts: Rollouts | None = None  # ... and the rollout plans
     fleet: FleetSync | None = None  # ... and, with a shared store, the fleet's pools
+    windows: FleetWindows | None = None  # ... and the fleet's canary windows
     shared_metrics: SharedMetrics | None = None  # --processes N: /metrics for them all
     draining: bool = False
     codec: ResumeCodec = field(init=False)

@@ -12,11 +12,12 @@ import asyncio
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AsyncExitStack, contextmanager
 from dataclasses import dataclass
 
 import httpx
+import orjson
 import pytest
 
 from tests.integration.edge_fixtures import EDGE_ENV, wait_ready
@@ -25,7 +26,7 @@ from tests.redis_proc import RedisServer, redis_server
 
 pytestmark = pytest.mark.slow
 
-KEYS = ["rate", "streams", "tpm", "settle", "down", "closed", "control", "canary"]
+KEYS = ["rate", "streams", "tpm", "settle", "down", "closed", "control", "canary", "summed"]
 ADMIN = "fleet-admin-key-0123456789"
 ENV = {**EDGE_ENV, "SLUICE_API_KEYS": ",".join(f"{k}:sk-{k}-0123456789abcdef" for k in KEYS)}
 RATE = 20.0
@@ -443,4 +444,93 @@ def test_a_canary_rolled_back_by_one_process_drops_to_0_on_every_replica(two):
     finally:
         with httpx.Client(timeout=5) as c:
             c.delete(f"{a}/admin/pools/broken", headers=admin)
+        tiny.kill()
+
+
+def every_process(base: str, name: str) -> list[dict[str, object]]:
+    """Pool `name` as 6 requests on new connections saw it (both processes), or {}."""
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    seen = []
+    with httpx.Client(limits=httpx.Limits(max_keepalive_connections=0), timeout=5) as c:
+        for _ in range(6):
+            pools = c.get(f"{base}/admin/pools", headers=admin).json()["pools"]
+            seen.append(next((p for p in pools if p["name"] == name), {}))
+    return seen
+
+
+def wait_everywhere(two: Fleet, name: str, ok: Callable[[dict], bool], limit: float) -> list:
+    deadline = time.monotonic() + limit
+    while True:
+        seen = [p for base in two.bases for p in every_process(base, name)]
+        if all(ok(p) for p in seen):
+            return seen
+        brief = [{k: p.get(k) for k in ("weight", "window", "fleet_window")} for p in seen]
+        assert time.monotonic() < deadline, brief
+        time.sleep(0.02)
+
+
+def serving(p: dict) -> bool:
+    return bool(p) and all(w["status"] == "SERVING" for w in p["workers"])
+
+
+def spread(two: Fleet, prompts: list[str]) -> list[int]:
+    """One chat request per prompt, each a new session on a new connection, replicas in
+    turn (either process of each takes it): the statuses."""
+    statuses = []
+    with httpx.Client(limits=httpx.Limits(max_keepalive_connections=0), timeout=5) as c:
+        for i, prompt in enumerate(prompts):
+            body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 2}
+            headers = {**auth("summed"), "x-session-id": f"summed-{time.time()}-{i}"}
+            r = c.post(f"{two.bases[i % 2]}/v1/chat/completions", json=body, headers=headers)
+            statuses.append(r.status_code)
+    return statuses
+
+
+def test_a_canary_failing_across_the_fleet_is_rolled_back_by_the_summed_window(two):
+    """12 attempts on the canary, 6 to each replica: no process sees the 12 its judge
+    needs (min_requests), only the fleet's window does. Then a healthy canary with the
+    same traffic stays. (Without the summed window nothing is ever rolled back here.)"""
+    a = two.bases[0]
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    tiny = start_worker("--engine", "sim", "--max-model-len", "24")  # a long prompt: 400
+    bounds = {"max_error_rate": 0.3, "window_s": 60, "min_requests": 12}
+    with httpx.Client(timeout=5, headers=admin) as c:
+        before = {p["name"]: p["weight"] for p in c.get(f"{a}/admin/pools").json()["pools"]}
+    try:
+        with httpx.Client(timeout=5, headers=admin) as c:
+            for name in before:  # the canary takes every new session
+                assert c.put(f"{a}/admin/pools/{name}/weight", json={"weight": 0}).is_success
+            spec = {"name": "flaky", "weight": 1, "workers": [tiny.address], "rollback": bounds}
+            assert c.post(f"{a}/admin/pools", json=spec).status_code == 201
+        wait_everywhere(two, "flaky", serving, 10)
+        long, short = "word " * 40, "hi"
+        prompts = [long, long, short] * 4  # 8 of 12 fail: 67 % > 30 %
+        assert spread(two, prompts) == [400 if p == long else 200 for p in prompts]
+        t0 = time.monotonic()
+        seen = wait_everywhere(two, "flaky", lambda p: p["weight"] == 0, 3.0)
+        took = time.monotonic() - t0
+        assert {p["draining"] for p in seen} == {"rolled_back"}
+        # Decided once: every process shows the one rollback that was published.
+        (rolled,) = {orjson.dumps(p["rolled_back"]) for p in seen}
+        assert "error rate 66.7% over 12 requests" in orjson.loads(rolled)["reason"]
+        assert took < 3.0
+        with httpx.Client(timeout=5, headers=admin) as c:
+            assert c.delete(f"{a}/admin/pools/flaky").status_code == 204
+            spec = {"name": "steady", "weight": 1, "workers": [tiny.address], "rollback": bounds}
+            assert c.post(f"{a}/admin/pools", json=spec).status_code == 201
+        wait_everywhere(two, "steady", serving, 10)
+        assert spread(two, [short] * 12) == [200] * 12
+
+        def judged_healthy(p: dict) -> bool:
+            window = p["fleet_window"]
+            return window is not None and (window["requests"], window["errors"]) == (12, 0)
+
+        seen = wait_everywhere(two, "steady", judged_healthy, 3.0)
+        assert {(p["weight"], p["draining"], p["rolled_back"]) for p in seen} == {(1, None, None)}
+    finally:
+        with httpx.Client(timeout=5, headers=admin) as c:
+            for name in ("flaky", "steady"):
+                c.delete(f"{a}/admin/pools/{name}")
+            for name, weight in before.items():
+                c.put(f"{a}/admin/pools/{name}/weight", json={"weight": weight})
         tiny.kill()
