@@ -22,7 +22,9 @@ Changes apply to new requests at once and never move an in-flight stream.
 With a shared store (`--store-url`), a change to the pools is published as the fleet's
 new state (`edge.upstream.fleet`) and applied by every process of every replica within
 about a second; if it cannot be published, the answer is 503 (applied here only).
-Without one, and for rollouts, state is per edge process.
+Rollouts too are the fleet's then (`edge.upstream.fleet_rollouts`: started, read and
+acted on through any replica, run by one process; `GET /admin/rollouts` names it as
+`owner`). Without one, state is per edge process.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from starlette.routing import Route
 
 from edge.errors import ApiError, error_response
 from edge.store.base import StoreUnavailable
+from edge.upstream.fleet_rollouts import FleetRollouts
 from edge.upstream.plans import parse_plan
 from edge.upstream.pools import PoolConfigError, parse_pool, parse_weight
 from edge.upstream.registry import PoolRegistry
@@ -159,39 +162,29 @@ async def drain_pool(request: Request, registry: PoolRegistry) -> Response:
     return _json(_one(request, registry, name))
 
 
-def _rollouts(request: Request) -> Rollouts:
-    rollouts: Rollouts | None = request.app.state.edge.rollouts
+def _rollouts(request: Request) -> Rollouts | FleetRollouts:
+    rollouts: Rollouts | FleetRollouts | None = request.app.state.edge.rollouts
     if rollouts is None:
         raise ApiError(503, "the edge is starting", code="unavailable")
     return rollouts
 
 
 async def list_rollouts(request: Request, registry: PoolRegistry) -> Response:
-    return _json(_rollouts(request).describe())
+    return _json(await _rollouts(request).listing())
 
 
 async def start_rollout(request: Request, registry: PoolRegistry) -> Response:
     plan = parse_plan(await _body(request))
-    return _json(_rollouts(request).start(plan).describe(), 201)
+    return _json(await _rollouts(request).begin(plan), 201)
 
 
 async def get_rollout(request: Request, registry: PoolRegistry) -> Response:
-    return _json(_rollouts(request).get(request.path_params["rid"]).describe())
+    return _json(await _rollouts(request).one(request.path_params["rid"]))
 
 
 async def act_on_rollout(request: Request, registry: PoolRegistry) -> Response:
-    rollout = _rollouts(request).get(request.path_params["rid"])
-    action = request.path_params["action"]
-    now = time.monotonic()
-    if action == "pause":
-        rollout.pause(now)
-    elif action == "resume":
-        rollout.resume(now)
-    elif action == "abort":
-        rollout.abort(now)
-    else:
-        raise ApiError(404, f"no rollout action {action!r}: pause, resume, abort", code="no_action")
-    return _json(rollout.describe())
+    rid, action = request.path_params["rid"], request.path_params["action"]
+    return _json(await _rollouts(request).act(rid, action))
 
 
 ROUTES = [

@@ -27,6 +27,7 @@ from tests.redis_proc import RedisServer, redis_server
 pytestmark = pytest.mark.slow
 
 KEYS = ["rate", "streams", "tpm", "settle", "down", "closed", "control", "canary", "summed"]
+KEYS += [f"ro{i}" for i in range(4)]  # rollout traffic, spread over keys (their limits)
 ADMIN = "fleet-admin-key-0123456789"
 ENV = {**EDGE_ENV, "SLUICE_API_KEYS": ",".join(f"{k}:sk-{k}-0123456789abcdef" for k in KEYS)}
 RATE = 20.0
@@ -534,3 +535,122 @@ def test_a_canary_failing_across_the_fleet_is_rolled_back_by_the_summed_window(t
             for name, weight in before.items():
                 c.put(f"{a}/admin/pools/{name}/weight", json={"weight": weight})
         tiny.kill()
+
+
+class Traffic(threading.Thread):
+    """New sessions on new connections to the replicas in turn, until stopped."""
+
+    def __init__(self, bases: list[str]) -> None:
+        super().__init__(daemon=True)
+        self.bases = bases
+        self.statuses: Counter[int] = Counter()
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        with httpx.Client(limits=httpx.Limits(max_keepalive_connections=0), timeout=5) as c:
+            i = 0
+            while not self.stop.is_set() and i < 5000:
+                headers = {**auth(f"ro{i % 4}"), "x-session-id": f"ro-{time.time()}-{i}"}
+                r = c.post(
+                    f"{self.bases[i % 2]}/v1/chat/completions",
+                    json=chat(2, stream=False),
+                    headers=headers,
+                )
+                self.statuses[r.status_code] += 1
+                i += 1
+
+
+def weights_everywhere(bases: list[str], names: tuple[str, ...]) -> list[tuple]:
+    """Each pool of `names` as (weight, draining), from both processes of every base."""
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    seen = []
+    with httpx.Client(limits=httpx.Limits(max_keepalive_connections=0), timeout=5) as c:
+        for base in bases:
+            for _ in range(6):
+                pools = {
+                    p["name"]: p
+                    for p in c.get(f"{base}/admin/pools", headers=admin).json()["pools"]
+                }
+                seen.append(tuple((pools[n]["weight"], pools[n]["draining"]) for n in names))
+    return seen
+
+
+def wait_weights(bases: list[str], names: tuple[str, ...], want: tuple, limit: float) -> None:
+    deadline = time.monotonic() + limit
+    while True:
+        seen = weights_everywhere(bases, names)
+        if all(s == want for s in seen):
+            return
+        assert time.monotonic() < deadline, (want, seen)
+
+
+def rollout_everywhere(bases: list[str], path: str) -> list[dict]:
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    with httpx.Client(limits=httpx.Limits(max_keepalive_connections=0), timeout=5) as c:
+        return [
+            c.get(f"{b}/admin/rollouts{path}", headers=admin).json()
+            for b in bases
+            for _ in range(4)
+        ]
+
+
+def test_a_rollout_started_on_one_replica_drives_the_fleet_and_stops_everywhere_on_abort(two):
+    """Started through replica A, run by one process of the four; replica B's weights
+    follow each step within a second; aborted through B: rolled back everywhere."""
+    a, b = two.bases
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    workers = [start_worker("--engine", "sim", "--sim-token-delay", "0.002") for _ in range(2)]
+    with httpx.Client(timeout=5, headers=admin) as c:
+        before = {p["name"]: p["weight"] for p in c.get(f"{a}/admin/pools").json()["pools"]}
+    names = ("ro-stable", "ro-canary")
+    traffic = Traffic(two.bases)
+    try:
+        with httpx.Client(timeout=5, headers=admin) as c:
+            for name in before:
+                assert c.put(f"{a}/admin/pools/{name}/weight", json={"weight": 0}).is_success
+            for name, weight, w in zip(names, (1, 0), workers, strict=True):
+                spec = {"name": name, "weight": weight, "workers": [w.address]}
+                assert c.post(f"{a}/admin/pools", json=spec).status_code == 201
+        for name in names:
+            wait_everywhere(two, name, serving, 10)
+        traffic.start()
+        plan = {
+            "canary": "ro-canary",
+            "stable": "ro-stable",
+            "steps": [20, 50, 100],
+            "hold_s": [3, 3, 600],
+            "analysis": {"min_samples": 2, "max_ttft_p99_ratio": None, "max_itl_p99_ratio": None},
+        }
+        with httpx.Client(timeout=5, headers=admin) as c:
+            started = c.post(f"{a}/admin/rollouts", json=plan)
+            assert started.status_code == 201, started.text
+            rid = started.json()["id"]
+            again = c.post(f"{b}/admin/rollouts", json=plan)  # one at a time, fleet-wide
+            assert (again.status_code, again.json()["error"]["code"]) == (409, "conflict")
+            for step, pct in enumerate(plan["steps"]):
+                deadline = time.monotonic() + 20
+                while c.get(f"{a}/admin/rollouts/{rid}").json()["step"] != step:
+                    assert time.monotonic() < deadline, f"step {step} never came"
+                    time.sleep(0.02)
+                wait_weights([b], names, ((100 - pct, None), (pct, None)), 1.0)
+            aborted = c.post(f"{b}/admin/rollouts/{rid}/abort")
+            assert aborted.status_code == 200 and aborted.json()["state"] == "aborted"
+        wait_weights(two.bases, names, ((1, None), (0, "rolled_back")), 1.0)
+        seen = rollout_everywhere(two.bases, f"/{rid}")
+        assert all(r == seen[0] for r in seen), seen  # every process answers the same
+        events = [(e["event"], e["step"]) for e in seen[0]["history"]]
+        assert events == [("started", 0), ("advanced", 0), ("advanced", 1), ("aborted", 2)]
+        listings = rollout_everywhere(two.bases, "")
+        assert {(x["active"], x["owner"]) for x in listings} == {(None, None)}  # lease let go
+    finally:
+        traffic.stop.set()
+        traffic.join(30)
+        with httpx.Client(timeout=5, headers=admin) as c:
+            for name in names:
+                c.delete(f"{a}/admin/pools/{name}")
+            for name, weight in before.items():
+                c.put(f"{a}/admin/pools/{name}/weight", json={"weight": weight})
+        for w in workers:
+            w.kill()
+    assert set(traffic.statuses) <= {200, 429}, traffic.statuses
+    assert traffic.statuses[200] > 0
