@@ -18,7 +18,8 @@ a copy (`Rollouts`, the same objects a single edge runs) and refreshes it on eve
   owner saved first), then the weights are published. `GET` reads the latest document,
   so every replica answers the same.
 - A save that lost (the document changed meanwhile) leaves its process's registry as the
-  fleet's control says (`FleetSync.resync`); the next check takes the newer document.
+  fleet's control says (`FleetSync.resync`); the next check takes the newer document. A
+  save whose weights could not be published is published again by the next checks.
 - Redis failing: starting and acting answer 503 (`StoreUnavailable`); the owner cannot
   renew its lease, so the rollout holds where it is (its weights stay) until Redis is
   back.
@@ -65,6 +66,7 @@ class FleetRollouts:
         self.owner = False
         self.up = True
         self.lease_s = LEASE_S
+        self.unpublished = False  # weights saved in the document, not yet published
 
     # -- the copy ---------------------------------------------------------------------
 
@@ -90,6 +92,12 @@ class FleetRollouts:
             self._mirror(version, body)
         return owner
 
+    async def _publish(self) -> None:
+        """The pools' weights to the fleet; if Redis fails now, again at the next check."""
+        self.unpublished = True
+        await self.fleet.publish()
+        self.unpublished = False
+
     async def _save(self, me: str = "") -> bool:
         body, active = self._document()
         version = await self.board.save(body, active, self.version, me)
@@ -102,6 +110,8 @@ class FleetRollouts:
 
     async def check(self) -> None:
         """One check: refresh the copy; the owner ticks the active rollout."""
+        if self.unpublished:
+            await self._publish()
         owner = await self._refresh()
         took_over, self.owner = owner and not self.owner, owner
         active = self.local.active()
@@ -116,7 +126,7 @@ class FleetRollouts:
         if not took_over and (active.state, active.step, len(active.history)) == before:
             return
         if await self._save(self.me):
-            await self.fleet.publish()
+            await self._publish()
         else:  # an operator (or a new owner) came first: theirs stands
             await self.fleet.resync()
 
@@ -147,7 +157,7 @@ class FleetRollouts:
         if not await self._save():
             await self.fleet.resync()
             raise ApiError(409, "the rollouts changed meanwhile: try again", code="conflict")
-        await self.fleet.publish()
+        await self._published_or_later()
         return rollout.describe()
 
     async def listing(self) -> dict[str, Any]:
@@ -164,10 +174,18 @@ class FleetRollouts:
             rollout = self.local.get(rid)
             act(rollout, action, time.monotonic())
             if await self._save():
-                await self.fleet.publish()
+                await self._published_or_later()
                 return rollout.describe()
             await self.fleet.resync()  # the owner saved first: act on its document
         raise ApiError(409, f"rollout {rid} keeps changing: try again", code="conflict")
+
+    async def _published_or_later(self) -> None:
+        """After an operator's change was saved: its weights published now, or by this
+        process's next checks if Redis fails in between (the change itself stands)."""
+        try:
+            await self._publish()
+        except StoreUnavailable as exc:
+            log.warning("rollout weights not published yet (%s): retrying", exc)
 
     def span(self) -> float:
         return self.local.span()
