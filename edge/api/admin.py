@@ -79,9 +79,10 @@ def _admin(handler: Any, publish: bool = False) -> Any:
                 await fleet.publish()
             return response
         except StoreUnavailable as exc:
+            done = "" if request.method == "GET" else "changed on this edge process only: "
             err = ApiError(
                 503,
-                f"changed on this edge process only: the fleet's store failed ({exc})",
+                f"{done}the fleet's store failed ({exc})",
                 type="server_error",
                 code="fleet_unavailable",
                 retryable=True,

@@ -100,9 +100,10 @@ class FleetRollouts:
 
     async def _save(self, me: str = "") -> bool:
         body, active = self._document()
-        version = await self.board.save(body, active, self.version, me)
-        # Lost: the copy was changed here but is not the fleet's; the next refresh
-        # replaces it whatever the version.
+        # Until saved, the copy changed here is not the fleet's: if the save loses (or
+        # fails), the next refresh replaces it whatever the version.
+        expect, self.version = self.version, -1
+        version = await self.board.save(body, active, expect, me)
         self.version = version or -1
         return bool(version)
 
