@@ -286,6 +286,15 @@ def test_redis_stopped_mid_load_fails_open_then_limits_hold_again(two):
     assert statuses <= {200, 429}, load.seen  # never a 5xx
     assert load.seen["down"][200] > 0  # open: admitted by local limits meanwhile
     assert load.retry_after_missing == 0
+    # The canary judges fell back to each process's own windows, then came back.
+    deadline = time.monotonic() + 2
+    while True:
+        logs = "".join(e.log() for e in two.edges)
+        if "judging by the fleet's windows" in logs:
+            break
+        assert time.monotonic() < deadline, "fleet windows not back within 2 s"
+        time.sleep(0.05)
+    assert "judging by this process's windows" in logs
 
 
 def test_redis_stopped_fails_closed_with_503_then_recovers():
