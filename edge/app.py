@@ -36,12 +36,16 @@ from edge.store.guarded import Guarded
 from edge.store.memory import MemoryStore as LocalStore
 from edge.store.pins import StorePins
 from edge.store.redis import RedisStore
+from edge.store.rollouts import RolloutBoard
+from edge.store.windows import WindowCounters
 from edge.upstream import canary
 from edge.upstream.channel import ChannelFactory, channel_options
 from edge.upstream.fleet import FleetSync
+from edge.upstream.fleet_rollouts import FleetRollouts
 from edge.upstream.registry import registry_from_config
 from edge.upstream.rollouts import Rollouts
 from edge.upstream.sessions import MemoryStore, Pinning, SessionStore
+from edge.upstream.windows import FleetWindows, LocalWindows, Windows
 
 log = logging.getLogger("sluice.edge")
 
@@ -87,25 +91,35 @@ def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
             else MemoryStore(config.session.ttl_s, config.session.store_max)
         )
         pinning = state.pinning = Pinning(registry, pins)
-        rollouts = state.rollouts = Rollouts(registry)
+        registry.start()
+        if config.server.metrics_dir:
+            merged = SharedMetrics(config.server.metrics_dir, lambda: pages.render_metrics(state))
+            state.shared_metrics = merged
+            registry.spawn(merged.run(), "metrics writer")
+        control = counters = board = None
+        windows: Windows = LocalWindows(registry)
+        rollouts: Rollouts | FleetRollouts = Rollouts(registry)
+        if config.store.url:  # admin changes, rollbacks, rollouts: every process and replica
+            s = config.store
+            control = Control(s.url, s.timeout_s, s.prefix)
+            fleet = state.fleet = FleetSync(registry, control)
+            registry.spawn(fleet.watch(), "fleet watch")
+            counters = WindowCounters(s.url, s.timeout_s, s.prefix)  # canary windows summed
+            shared_windows = FleetWindows(
+                registry, counters, lambda: max(canary.span(registry), rollouts.span())
+            )
+            windows = state.windows = shared_windows
+            registry.spawn(shared_windows.run(), "fleet windows")
+            board = RolloutBoard(s.url, s.timeout_s, s.prefix)
+            rollouts = FleetRollouts(registry, board, fleet, windows)
+        state.rollouts = rollouts
         state.metrics.extra = [
             registry.render_metrics,
             pinning.render_metrics,
             rollouts.render_metrics,
             *([shared.render_metrics] if shared is not None else []),
         ]
-        registry.start()
-        if config.server.metrics_dir:
-            merged = SharedMetrics(config.server.metrics_dir, lambda: pages.render_metrics(state))
-            state.shared_metrics = merged
-            registry.spawn(merged.run(), "metrics writer")
-        control = None
-        if config.store.url:  # admin changes and rollbacks reach every process and replica
-            control = Control(config.store.url, config.store.timeout_s, config.store.prefix)
-            fleet = state.fleet = FleetSync(registry, control)
-            registry.spawn(fleet.watch(), "fleet watch")
-        publish = state.fleet.publish if state.fleet is not None else None
-        registry.spawn(canary.watch(registry, publish), "canary watch")
+        registry.spawn(canary.watch(registry, windows, state.fleet), "canary watch")
         registry.spawn(rollouts.watch(), "rollouts watch")
         try:
             yield
@@ -115,6 +129,10 @@ def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
             await limits_store.close()
             if control is not None:
                 await control.close()
+            if counters is not None:
+                await counters.close()
+            if board is not None:
+                await board.close()
 
     admin_key = config.routing.admin_key
     rest = Starlette(

@@ -1,18 +1,21 @@
 """Limits benchmark: what a shared store costs per request, embedded vs Redis.
 
-    python -m scripts.limits_bench                 # ~20 s; results in scripts/results
-    python -m scripts.limits_bench --seconds 3 --out /tmp
+    python -m scripts.limits_bench                 # ~45 s; results in scripts/results
+    python -m scripts.limits_bench --seconds 3 --rounds 1 --out /tmp
 
-Starts a real redis-server on a free port, one sim worker and, in turn, two one-process
-edges with every per-key limit on (requests/s, streams, tokens per minute; set high
-enough never to refuse): one with the embedded store, one with `--store-url`. For each,
-`--concurrency` clients send non-streamed chat completions (2 tokens) for `--seconds`
-and it reports requests/s and the client's p50/p99 latency. The difference is the cost
-of the store's round trips (rate take, lease acquire and release, token reserve and
-settle: five Lua calls or commands per generation).
+Starts a real redis-server on a free port, one sim worker and two one-process edges with
+every per-key limit on (requests/s, streams, tokens per minute; set high enough never to
+refuse): one with the embedded store, one with `--store-url`. In each of `--rounds`
+rounds, each edge in turn gets `--concurrency` clients sending non-streamed chat
+completions (2 tokens) for `--seconds`; it reports requests/s, the client's p50/p99
+latency, and the CPU time per request of the edge process and of redis-server (from
+/proc, over the drive). The Redis edge's difference is the cost of the store's round
+trips (rate take, lease acquire and release, token reserve and settle: five Lua calls
+or commands per generation) plus its background work (control watch, canary-window
+flushes). Medians over the rounds are the summary.
 
 Results: scripts/results/limits.{json,md} (or --out DIR), with the command and commit.
-Traffic goes to 127.0.0.1 only, bounded by --seconds.
+Traffic goes to 127.0.0.1 only, bounded by --seconds x --rounds.
 """
 
 from __future__ import annotations
@@ -20,11 +23,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 
@@ -34,6 +38,12 @@ from tests.redis_proc import redis_server
 
 KEY = "bench:sk-bench-0123456789abcdef"
 LIMITS = ["--rate-limit", "100000", "--max-streams-per-key", "10000", "--tpm-limit", "100000000"]
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def drive(base: str, concurrency: int, seconds: float) -> dict[str, float]:
@@ -66,51 +76,87 @@ async def drive(base: str, concurrency: int, seconds: float) -> dict[str, float]
     }
 
 
+def measure(base: str, pids: dict[str, int], args: argparse.Namespace) -> dict[str, float]:
+    before = {k: cpu_s(p) for k, p in pids.items()}
+    result = asyncio.run(drive(base, args.concurrency, args.seconds))
+    for k, p in pids.items():
+        used = cpu_s(p) - before[k]
+        result[f"{k}_cpu_us_per_request"] = round(used / max(result["requests"], 1) * 1e6, 1)
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seconds", type=float, default=6.0)
+    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = p.parse_args(argv)
     env = {**EDGE_ENV, "SLUICE_API_KEYS": KEY}
-    results: dict[str, Any] = {}
+    rounds: dict[str, list[dict[str, float]]] = {"embedded": [], "redis": []}
     with redis_server() as redis:
+        assert redis.proc is not None
         worker = start_worker("--engine", "sim", "--sim-token-delay", "0")
+        edges = {}
         try:
             for name, extra in (("embedded", []), ("redis", ["--store-url", redis.url])):
-                edge = start_edge("--worker", worker.address, *LIMITS, *extra, env=env)
-                try:
-                    base = f"http://{edge.address}"
-                    wait_ready(base)
-                    results[name] = asyncio.run(drive(base, args.concurrency, args.seconds))
-                finally:
-                    edge.kill()
+                edges[name] = start_edge("--worker", worker.address, *LIMITS, *extra, env=env)
+                wait_ready(f"http://{edges[name].address}")
+            for _ in range(args.rounds):
+                for name, edge in edges.items():
+                    pids = {"edge": edge.pid, "redis": redis.proc.pid}
+                    rounds[name].append(measure(f"http://{edge.address}", pids, args))
         finally:
+            for edge in edges.values():
+                edge.kill()
             worker.kill()
+    results = {
+        name: {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        for name, runs in rounds.items()
+    }
+    emb, red = results["embedded"], results["redis"]
+    cost = {
+        "p50_ms": round(red["p50_ms"] - emb["p50_ms"], 3),
+        "edge_cpu_us_per_request": round(
+            red["edge_cpu_us_per_request"] - emb["edge_cpu_us_per_request"], 1
+        ),
+        "redis_cpu_us_per_request": red["redis_cpu_us_per_request"],
+        "rps_ratio": round(red["rps"] / emb["rps"], 3),
+    }
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     doc = {
         "command": " ".join(["python -m scripts.limits_bench", *(argv or sys.argv[1:])]),
         "commit": commit.stdout.strip(),
         "concurrency": args.concurrency,
         "seconds": args.seconds,
+        "rounds": rounds,
         "results": results,
+        "redis_cost": cost,
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "limits.json").write_text(json.dumps(doc, indent=2) + "\n")
     rows = [
-        f"| {n} | {r['rps']} | {r['p50_ms']} | {r['p99_ms']} | {r['non_200']} |"
+        f"| {n} | {r['rps']} | {r['p50_ms']} | {r['p99_ms']} | "
+        f"{r['edge_cpu_us_per_request']} | {r['redis_cpu_us_per_request']} | {r['non_200']} |"
         for n, r in results.items()
     ]
     md = [
         "# Limits: embedded store vs Redis (one edge process, every limit on)",
         "",
         f"`{doc['command']}` at {doc['commit']}, {args.concurrency} clients, "
-        f"{args.seconds} s each, non-streamed chat completions of 2 tokens (sim worker).",
+        f"{args.seconds} s per drive, {args.rounds} rounds alternating the two edges "
+        "(medians), non-streamed chat completions of 2 tokens (sim worker).",
         "",
-        "| store | requests/s | p50 ms | p99 ms | non-200 |",
-        "| --- | --- | --- | --- | --- |",
+        "| store | requests/s | p50 ms | p99 ms | edge CPU µs/request | redis CPU µs/request "
+        "| non-200 |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
         *rows,
+        "",
+        f"Redis's cost per request: {cost['p50_ms']:+} ms at p50, "
+        f"{cost['edge_cpu_us_per_request']:+} µs of edge CPU, "
+        f"{cost['redis_cpu_us_per_request']} µs of redis-server CPU; "
+        f"requests/s x{cost['rps_ratio']}.",
         "",
     ]
     (out / "limits.md").write_text("\n".join(md))

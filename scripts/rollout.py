@@ -14,9 +14,11 @@ printing each transition as it happens, until it finishes, rolls back or is abor
 (Ctrl-C aborts it). Exit 0 when it finished, 1 when it rolled back or was aborted, 2 on
 a usage or API error.
 
-Pools and rollouts live in each edge process, so with several edges give `--edge` once
-per edge: each runs the plan on its own traffic, and the first one that rolls back (or
-is aborted) makes this script abort the plan on all the others. (The session cookie
+Without a shared store, pools and rollouts live in each edge process, so with several
+edges give `--edge` once per edge: each runs the plan on its own traffic, and the first
+one that rolls back (or is aborted) makes this script abort the plan on all the others.
+Edges sharing a store (`--store-url`) are one fleet: give one `--edge` (any replica);
+the plan runs for all of them. (The session cookie
 carries its pool, so a conversation keeps its version on whichever edge it reaches.)
 
 The other commands act on rollouts already there: `status [ID]` (the active or named one,

@@ -22,7 +22,9 @@ Changes apply to new requests at once and never move an in-flight stream.
 With a shared store (`--store-url`), a change to the pools is published as the fleet's
 new state (`edge.upstream.fleet`) and applied by every process of every replica within
 about a second; if it cannot be published, the answer is 503 (applied here only).
-Without one, and for rollouts, state is per edge process.
+Rollouts too are the fleet's then (`edge.upstream.fleet_rollouts`: started, read and
+acted on through any replica, run by one process; `GET /admin/rollouts` names it as
+`owner`). Without one, state is per edge process.
 """
 
 from __future__ import annotations
@@ -37,10 +39,12 @@ from starlette.routing import Route
 
 from edge.errors import ApiError, error_response
 from edge.store.base import StoreUnavailable
+from edge.upstream.fleet_rollouts import FleetRollouts
 from edge.upstream.plans import parse_plan
 from edge.upstream.pools import PoolConfigError, parse_pool, parse_weight
 from edge.upstream.registry import PoolRegistry
 from edge.upstream.rollouts import Rollouts
+from edge.upstream.windows import FleetWindows
 
 MAX_ADMIN_BODY = 64 * 1024
 
@@ -75,9 +79,10 @@ def _admin(handler: Any, publish: bool = False) -> Any:
                 await fleet.publish()
             return response
         except StoreUnavailable as exc:
+            done = "" if request.method == "GET" else "changed on this edge process only: "
             err = ApiError(
                 503,
-                f"changed on this edge process only: the fleet's store failed ({exc})",
+                f"{done}the fleet's store failed ({exc})",
                 type="server_error",
                 code="fleet_unavailable",
                 retryable=True,
@@ -92,25 +97,38 @@ def _admin(handler: Any, publish: bool = False) -> Any:
     return endpoint
 
 
-def _one(registry: PoolRegistry, name: str) -> dict[str, Any]:
-    registry.pool(name)  # 404 if unknown
+def _pools(request: Request, registry: PoolRegistry) -> list[dict[str, Any]]:
+    """The registry's pools; with a shared store, each pool with rollback bounds with its
+    fleet-wide window too (`fleet_window`, null while Redis does not answer)."""
     pools = registry.describe()["pools"]
     assert isinstance(pools, list)
-    return next(p for p in pools if p["name"] == name)
+    windows: FleetWindows | None = request.app.state.edge.windows
+    if windows is not None:
+        now = time.monotonic()
+        for p in [p for p in pools if p["rollback"]]:
+            seconds = p["window"]["seconds"]
+            fleet = windows.window(p["name"], seconds, now) if windows.fresh else None
+            p["fleet_window"] = None if fleet is None else {"seconds": seconds, **fleet.to_dict()}
+    return pools
+
+
+def _one(request: Request, registry: PoolRegistry, name: str) -> dict[str, Any]:
+    registry.pool(name)  # 404 if unknown
+    return next(p for p in _pools(request, registry) if p["name"] == name)
 
 
 async def list_pools(request: Request, registry: PoolRegistry) -> Response:
-    return _json(registry.describe())
+    return _json({"pools": _pools(request, registry)})
 
 
 async def create_pool(request: Request, registry: PoolRegistry) -> Response:
     spec = parse_pool(await _body(request))
     registry.add_pool(spec)
-    return _json(_one(registry, spec.name), 201)
+    return _json(_one(request, registry, spec.name), 201)
 
 
 async def get_pool(request: Request, registry: PoolRegistry) -> Response:
-    return _json(_one(registry, request.path_params["name"]))
+    return _json(_one(request, registry, request.path_params["name"]))
 
 
 async def delete_pool(request: Request, registry: PoolRegistry) -> Response:
@@ -122,7 +140,7 @@ async def set_weight(request: Request, registry: PoolRegistry) -> Response:
     name = request.path_params["name"]
     weight = parse_weight((await _body(request)).get("weight"))
     registry.set_weight(name, weight)
-    return _json(_one(registry, name))
+    return _json(_one(request, registry, name))
 
 
 async def add_worker(request: Request, registry: PoolRegistry) -> Response:
@@ -142,42 +160,32 @@ async def remove_worker(request: Request, registry: PoolRegistry) -> Response:
 async def drain_pool(request: Request, registry: PoolRegistry) -> Response:
     name = request.path_params["name"]
     registry.drain(name)
-    return _json(_one(registry, name))
+    return _json(_one(request, registry, name))
 
 
-def _rollouts(request: Request) -> Rollouts:
-    rollouts: Rollouts | None = request.app.state.edge.rollouts
+def _rollouts(request: Request) -> Rollouts | FleetRollouts:
+    rollouts: Rollouts | FleetRollouts | None = request.app.state.edge.rollouts
     if rollouts is None:
         raise ApiError(503, "the edge is starting", code="unavailable")
     return rollouts
 
 
 async def list_rollouts(request: Request, registry: PoolRegistry) -> Response:
-    return _json(_rollouts(request).describe())
+    return _json(await _rollouts(request).listing())
 
 
 async def start_rollout(request: Request, registry: PoolRegistry) -> Response:
     plan = parse_plan(await _body(request))
-    return _json(_rollouts(request).start(plan).describe(), 201)
+    return _json(await _rollouts(request).begin(plan), 201)
 
 
 async def get_rollout(request: Request, registry: PoolRegistry) -> Response:
-    return _json(_rollouts(request).get(request.path_params["rid"]).describe())
+    return _json(await _rollouts(request).one(request.path_params["rid"]))
 
 
 async def act_on_rollout(request: Request, registry: PoolRegistry) -> Response:
-    rollout = _rollouts(request).get(request.path_params["rid"])
-    action = request.path_params["action"]
-    now = time.monotonic()
-    if action == "pause":
-        rollout.pause(now)
-    elif action == "resume":
-        rollout.resume(now)
-    elif action == "abort":
-        rollout.abort(now)
-    else:
-        raise ApiError(404, f"no rollout action {action!r}: pause, resume, abort", code="no_action")
-    return _json(rollout.describe())
+    rid, action = request.path_params["rid"], request.path_params["action"]
+    return _json(await _rollouts(request).act(rid, action))
 
 
 ROUTES = [

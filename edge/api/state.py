@@ -16,9 +16,11 @@ from edge.obs.metrics import Metrics
 from edge.obs.multiproc import SharedMetrics
 from edge.stream.ids import ResumeCodec
 from edge.upstream.fleet import FleetSync
+from edge.upstream.fleet_rollouts import FleetRollouts
 from edge.upstream.registry import PoolRegistry
 from edge.upstream.rollouts import Rollouts
 from edge.upstream.sessions import Pinning
+from edge.upstream.windows import FleetWindows
 
 
 @dataclass(slots=True)
@@ -27,8 +29,9 @@ class EdgeState:
     metrics: Metrics = field(default_factory=Metrics)
     registry: PoolRegistry | None = None  # set at startup (lifespan), as are...
     pinning: Pinning | None = None  # ... the sessions' pools
-    rollouts: Rollouts | None = None  # ... and the rollout plans
+    rollouts: Rollouts | FleetRollouts | None = None  # ... and the rollout plans
     fleet: FleetSync | None = None  # ... and, with a shared store, the fleet's pools
+    windows: FleetWindows | None = None  # ... and the fleet's canary windows
     shared_metrics: SharedMetrics | None = None  # --processes N: /metrics for them all
     priorities: Priorities = field(default_factory=Priorities)  # the keys' classes
     draining: bool = False

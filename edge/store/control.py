@@ -5,7 +5,9 @@ pub/sub channel that says a new one is there.
 one if that is not more: it keeps rising even when a restarted Redis lost its data),
 the snapshot is stored with it, and its number is published on `<prefix>:control`, all
 atomically (two admins changing two replicas at once get two versions, the later one
-wins everywhere).
+wins everywhere). `publish(doc, expect=v)` is a compare-and-set: it stores nothing and
+returns 0 unless the fleet's version is still `v` (an automatic rollback decided by
+several processes at once is published by one of them).
 `watch(apply)` runs in every edge process: it subscribes first, then reads the snapshot
 (so nothing published in between is missed), and reads it again on every message; a
 snapshot is applied only when its version is newer than the last one applied here. After
@@ -31,11 +33,14 @@ from edge.store.base import StoreUnavailable
 log = logging.getLogger("sluice.edge")
 RETRY_S = 0.5
 
-# KEYS version, snapshot; ARGV the document (JSON without its version), channel.
+# KEYS version, snapshot; ARGV the document (JSON without its version), channel, and
+# the version it must replace ('': any). Returns the new version, 0 if it was not that.
 PUBLISH = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local v = math.max(tonumber(redis.call('GET', KEYS[1]) or '0') + 1, now)
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+if ARGV[3] ~= '' and current ~= tonumber(ARGV[3]) then return 0 end
+local v = math.max(current + 1, now)
 redis.call('SET', KEYS[1], v)
 redis.call('SET', KEYS[2], v .. ' ' .. ARGV[1])
 redis.call('PUBLISH', ARGV[2], v)
@@ -61,25 +66,37 @@ class Control:
         self.version = 0  # the last snapshot applied (or published) here
         self.applied = 0  # snapshots applied from others (metrics, tests)
 
-    async def publish(self, doc: dict[str, Any]) -> int:
-        """Store `doc` as the fleet's state; its version (StoreUnavailable if Redis fails)."""
+    async def publish(self, doc: dict[str, Any], expect: int | None = None) -> int:
+        """Store `doc` as the fleet's state; its version (StoreUnavailable if Redis fails).
+        `expect`: only if the fleet's version is still that one (a compare-and-set: one
+        of several processes deciding the same change at once wins), else 0."""
         try:
             async with asyncio.timeout(self.timeout_s):
-                args: list[Any] = [orjson.dumps(doc), self.channel]
+                cas = "" if expect is None else str(expect)
+                args: list[Any] = [orjson.dumps(doc), self.channel, cas]
                 version = int(await self._publish(keys=self.keys, args=args))
         except (RedisError, OSError, TimeoutError) as exc:
             raise StoreUnavailable(f"redis at {self.url}: {exc or type(exc).__name__}") from None
         self.version = max(self.version, version)
         return version
 
-    async def _load(self, apply: Callable[[dict[str, Any]], None]) -> None:
+    async def resync(self, apply: Callable[[dict[str, Any]], None]) -> None:
+        """Apply the fleet's current snapshot again, whatever its version (after a
+        local change that lost a compare-and-set)."""
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await self._load(apply, force=True)
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise StoreUnavailable(f"redis at {self.url}: {exc or type(exc).__name__}") from None
+
+    async def _load(self, apply: Callable[[dict[str, Any]], None], force: bool = False) -> None:
         raw = await self.client.get(self.keys[1])
         if raw is None:
             return
         data = raw if isinstance(raw, bytes) else str(raw).encode()
         head, _, body = data.partition(b" ")
         version = int(head)
-        if version <= self.version:
+        if version <= self.version and not force:
             return
         self.version = version
         self.applied += 1

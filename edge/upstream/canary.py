@@ -8,9 +8,12 @@ Judged every `CHECK_INTERVAL_S` over the pool's own window (`window_s`, at least
 same window against `max_error_rate`, its p99 TTFT against `max_p99_ttft_s`. A weight set
 again by an operator starts a fresh window. In-flight streams are never touched.
 
-With a shared store the process that rolls a pool back publishes the fleet's new state
-(`on_rollback`, `edge.upstream.fleet`): every process of every replica drains the pool
-too, whatever its own window says. Each process still judges its own window only.
+With a shared store the window is the fleet's (`edge.upstream.windows.FleetWindows`:
+every process's outcomes summed in Redis, this process's own while Redis fails), and a
+rollback is decided once: the process that judges first publishes the fleet's state with
+the pool drained as a compare-and-set on the state's version (`decide`), so the others,
+which judge the same sum, find the change applied instead of publishing it again; every
+process of every replica then drains the pool through the fleet's control channel.
 """
 
 from __future__ import annotations
@@ -18,11 +21,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
 
+from edge.store.base import StoreUnavailable
+from edge.upstream.fleet import FleetSync, snapshot
 from edge.upstream.outcomes import WindowStats
 from edge.upstream.pools import RollbackSpec
 from edge.upstream.registry import PoolRegistry
+from edge.upstream.windows import LocalWindows, Windows
 
 log = logging.getLogger("sluice.edge")
 CHECK_INTERVAL_S = 0.25
@@ -48,42 +53,91 @@ def verdict(spec: RollbackSpec, pool: WindowStats, rest: WindowStats) -> str | N
     return None
 
 
-def check(registry: PoolRegistry, now: float | None = None) -> list[str]:
-    """Judge every watched pool with weight > 0 once; roll back the failing ones."""
+def verdicts(
+    registry: PoolRegistry, windows: Windows | None = None, now: float | None = None
+) -> list[tuple[str, str]]:
+    """Every watched pool with weight > 0 that must roll back now, and why."""
     t = time.monotonic() if now is None else now
-    rolled: list[str] = []
+    windows = windows or LocalWindows(registry)
+    found: list[tuple[str, str]] = []
     for pool in list(registry.pools.values()):
         spec = pool.rollback
         if spec is None or pool.weight <= 0:
             continue
-        stats = registry.pool_metrics(pool.name).window(spec.window_s, t)
-        others = [registry.pool_metrics(p).window(spec.window_s, t) for p in registry.pools]
+        stats = windows.window(pool.name, spec.window_s, t)
+        others = [windows.window(p, spec.window_s, t) for p in registry.pools if p != pool.name]
         rest = WindowStats(
-            sum(o.requests for o in others) - stats.requests,
-            sum(o.errors for o in others) - stats.errors,
-            None,
-            None,
+            sum(o.requests for o in others), sum(o.errors for o in others), None, None
         )
         reason = verdict(spec, stats, rest)
-        if reason is None:
-            continue
-        log.warning("canary rollback: pool %s to weight 0: %s", pool.name, reason)
-        pool.rolled_back = {"at": time.time(), "reason": reason, "weight": pool.weight}
-        registry.drain(pool.name, "rolled_back")  # its pinned sessions move on too
-        registry.pool_metrics(pool.name).rollbacks += 1
-        rolled.append(pool.name)
+        if reason is not None:
+            found.append((pool.name, reason))
+    return found
+
+
+def roll_back(
+    registry: PoolRegistry, name: str, reason: str, rolled: dict[str, object] | None = None
+) -> None:
+    """Weight 0 and drain (its pinned sessions move on too), logged and counted."""
+    pool = registry.pool(name)
+    log.warning("canary rollback: pool %s to weight 0: %s", name, reason)
+    pool.rolled_back = rolled or {"at": time.time(), "reason": reason, "weight": pool.weight}
+    registry.drain(name, "rolled_back")
+    registry.pool_metrics(name).rollbacks += 1
+
+
+def check(registry: PoolRegistry, now: float | None = None) -> list[str]:
+    """Judge every watched pool once by this process's windows; roll back the failing."""
+    rolled = []
+    for name, reason in verdicts(registry, None, now):
+        roll_back(registry, name, reason)
+        rolled.append(name)
     return rolled
 
 
+async def decide(registry: PoolRegistry, fleet: FleetSync, name: str, reason: str) -> bool:
+    """Roll `name` back for the whole fleet, once: the fleet's state with it drained is
+    published only if no other change (another process's rollback of it, say) came since
+    this process applied the last one. True when this process did it."""
+    pool = registry.pool(name)
+    doc = snapshot(registry)
+    entry = next(p for p in doc["pools"] if p["name"] == name)
+    rolled = {"at": time.time(), "reason": reason, "weight": pool.weight}
+    entry.update(weight=0.0, draining="rolled_back", rolled_back=rolled)
+    try:
+        won = await fleet.publish_if(doc)
+    except StoreUnavailable as exc:
+        log.warning("canary rollback of %s not published (%s): this process only", name, exc)
+        roll_back(registry, name, reason)
+        return True
+    if won:
+        roll_back(registry, name, reason, rolled)
+    else:
+        log.info("canary rollback of %s: the fleet changed first, judging again", name)
+    return won
+
+
 async def watch(
-    registry: PoolRegistry, on_rollback: Callable[[], Awaitable[object]] | None = None
+    registry: PoolRegistry, windows: Windows | None = None, fleet: FleetSync | None = None
 ) -> None:
-    """Run `check` forever (started by the bootstrap's lifespan, as a task of the registry);
-    after a rollback, `on_rollback` (the fleet's publish)."""
+    """Judge every `CHECK_INTERVAL_S` (started by the bootstrap's lifespan, as a task of
+    the registry), by `windows` (default: this process's); with `fleet`, a rollback is
+    decided once for every process of every replica (`decide`)."""
     while True:
         await asyncio.sleep(CHECK_INTERVAL_S)
         try:
-            if check(registry) and on_rollback is not None:
-                await on_rollback()
-        except Exception:  # a bug here (or the store failing) must not stop routing
+            for name, reason in verdicts(registry, windows):
+                if fleet is None:
+                    roll_back(registry, name, reason)
+                else:
+                    await decide(registry, fleet, name, reason)
+        except Exception:  # a bug here must not stop routing
             log.exception("canary check failed")
+
+
+def span(registry: PoolRegistry) -> float:
+    """The longest window the watched pools are judged over now (seconds, 0: none)."""
+    return max(
+        (p.rollback.window_s for p in registry.pools.values() if p.rollback and p.weight > 0),
+        default=0.0,
+    )

@@ -2,11 +2,11 @@
 changes made on one edge process reach every process of every replica
 (`edge.store.control` carries the document).
 
-What travels: each pool's name, version label, weight, workers and rollback bounds, and
-whether it is draining (and why). What does not: health, in-flight counts, outcomes,
-which every process learns for itself. Applying a document changes only what differs,
-with the registry's own runtime changes (a running stream keeps its worker), removals
-before additions so a worker can move between pools.
+What travels: each pool's name, version label, weight, workers and rollback bounds,
+whether it is draining (and why) and its last automatic rollback. What does not: health,
+in-flight counts, outcomes, which every process learns for itself. Applying a document
+changes only what differs, with the registry's own runtime changes (a running stream
+keeps its worker), removals before additions so a worker can move between pools.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ def snapshot(registry: PoolRegistry) -> dict[str, Any]:
                 "workers": sorted(p.workers),
                 "rollback": p.rollback.to_dict() if p.rollback else None,
                 "draining": p.draining,
+                "rolled_back": p.rolled_back,
             }
             for p in registry.pools.values()
         ]
@@ -57,6 +58,7 @@ def apply(registry: PoolRegistry, doc: dict[str, Any]) -> None:
             registry.add_worker(name, address)
         registry.set_weight(name, float(p["weight"]), reason="fleet")
         pool.draining = p["draining"]
+        pool.rolled_back = p.get("rolled_back")
 
 
 class FleetSync:
@@ -69,6 +71,16 @@ class FleetSync:
     async def publish(self) -> int:
         """After an admin change here: the fleet's new state (StoreUnavailable if not)."""
         return await self.control.publish(snapshot(self.registry))
+
+    async def publish_if(self, doc: dict[str, Any]) -> bool:
+        """Publish `doc` only if the fleet is still at the version applied here (a
+        compare-and-set; StoreUnavailable if Redis fails): False when another change
+        came first."""
+        return await self.control.publish(doc, expect=self.control.version) > 0
+
+    async def resync(self) -> None:
+        """Bring this process back to the fleet's state (a local change was not published)."""
+        await self.control.resync(lambda doc: apply(self.registry, doc))
 
     async def watch(self) -> None:
         """Apply the fleet's state on start, on every change and after reconnecting."""

@@ -24,6 +24,8 @@ TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 3
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 WINDOW_CAP = 20_000  # outcomes kept per pool at most, whatever the window length
 MAX_WINDOW_S = 3600.0  # and none older than this
+# (monotonic time, is_error, ttft or None, mean inter-token gap or None)
+Outcome = tuple[float, bool, float | None, float | None]
 
 
 @dataclass(slots=True)
@@ -62,17 +64,18 @@ def percentile(sorted_values: list[float], q: float) -> float | None:
 class PoolMetrics:
     """Counters, histograms and the recent window of one pool."""
 
-    def __init__(self) -> None:
+    def __init__(self, collect: bool = False) -> None:
         self.outcomes: dict[str, int] = {}
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
         self.continuations = 0
         self.rollbacks = 0
-        # (monotonic time, is_error, ttft or None, mean inter-token gap or None);
-        # cancelled attempts are not kept.
-        self._window: deque[tuple[float, bool, float | None, float | None]] = deque(
-            maxlen=WINDOW_CAP
-        )
+        # Cancelled attempts are not kept.
+        self._window: deque[Outcome] = deque(maxlen=WINDOW_CAP)
+        self.window_start = time.monotonic()  # a fresh window counts from here
+        # With a shared store: the outcomes not yet added to the fleet's window
+        # (`edge.upstream.windows` swaps the list out; None: not collecting).
+        self.pending: list[Outcome] | None = [] if collect else None
 
     def outcome(
         self,
@@ -84,10 +87,14 @@ class PoolMetrics:
         self.outcomes[code] = self.outcomes.get(code, 0) + 1
         if code != CANCELLED:
             t = time.monotonic() if now is None else now
-            self._window.append((t, code != OK, ttft_s, itl_s))
+            entry = (t, code != OK, ttft_s, itl_s)
+            self._window.append(entry)
+            if self.pending is not None:
+                self.pending.append(entry)
 
-    def clear_window(self) -> None:
+    def clear_window(self, now: float | None = None) -> None:
         self._window.clear()
+        self.window_start = time.monotonic() if now is None else now
 
     def window(self, window_s: float, now: float | None = None) -> WindowStats:
         t = time.monotonic() if now is None else now

@@ -77,6 +77,7 @@ class PoolRegistry:
         self._rng = rng or random.Random()
         self.pools: dict[str, Pool] = {}
         self.metrics: dict[str, PoolMetrics] = {}
+        self.collect = False  # pools keep their outcomes for the fleet's windows
         self._retiring: set[Worker] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._started = False
@@ -197,7 +198,7 @@ class PoolRegistry:
         # (setdefault would build and drop one each time, histograms included).
         metrics = self.metrics.get(pool)
         if metrics is None:
-            metrics = self.metrics[pool] = PoolMetrics()
+            metrics = self.metrics[pool] = PoolMetrics(self.collect)
         return metrics
 
     # -- runtime changes (admin API, canary) ------------------------------------------------

@@ -19,14 +19,15 @@ bootstrap starts with the registry:
 - Paused: no advancing (bounds still roll back); resumed: the step's hold starts again.
   Aborted: rolled back by the operator.
 
-Every transition is logged, kept in the rollout's history (with both pools' figures over
-the step and how late it was applied after it was due: held and enough samples) and
-counted in /metrics. State lives in this edge process (like pools' weights).
+Every transition is logged, kept in the rollout's history (both pools' figures over the
+step, how late it was applied after it was due) and counted in /metrics. State lives in
+this process; with a shared store, `edge.upstream.fleet_rollouts` runs it for the fleet.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections import OrderedDict
@@ -35,9 +36,10 @@ from typing import Any
 from edge.errors import ApiError
 from edge.obs.prom import Exposition, labels
 from edge.upstream.outcomes import WindowStats
-from edge.upstream.plans import Plan, judge
+from edge.upstream.plans import Plan, judge, parse_plan
 from edge.upstream.pools import PoolConfigError
 from edge.upstream.registry import PoolRegistry
+from edge.upstream.windows import LocalWindows, Windows
 
 log = logging.getLogger("sluice.edge")
 CHECK_INTERVAL_S = 0.1
@@ -51,11 +53,18 @@ class Rollout:
     """One plan being run (see the module docstring); `tick` moves it on."""
 
     def __init__(
-        self, rid: str, plan: Plan, registry: PoolRegistry, counts: dict[str, int], now: float
+        self,
+        rid: str,
+        plan: Plan,
+        registry: PoolRegistry,
+        counts: dict[str, int],
+        now: float,
+        windows: Windows | None = None,
     ) -> None:
         self.id = rid
         self.plan = plan
         self.registry = registry
+        self.windows: Windows = windows or LocalWindows(registry)
         self.state = "running"
         self.reason = ""
         self.step = 0
@@ -68,7 +77,7 @@ class Rollout:
         self._baseline: WindowStats | None = None
         self._down_since: float | None = None
         registry.pool(plan.canary).draining = ""  # started on purpose: back in service
-        self._apply(now)
+        self.apply_step(now)
         self._event("started", now)
 
     @property
@@ -89,17 +98,17 @@ class Rollout:
         hold = plan.hold_s[self.step]
         window = a.window_s or hold or 1.0
         since = self._step_started
-        metrics = reg.pool_metrics(plan.canary)
+        windows = self.windows
         baseline = self._stable_baseline(window, now)
-        reason = judge(a, metrics.window(min(window, now - since), now), baseline)
+        reason = judge(a, windows.window(plan.canary, min(window, now - since), now), baseline)
         reason = reason or self._unroutable(window, now)
         if reason is None and self.state == "running" and now >= since + hold:
-            whole = metrics.window(now - since, now)
+            whole = windows.window(plan.canary, now - since, now)
             if whole.requests < a.min_samples:
                 return  # held, but too little seen to judge yet
             reason = judge(a, whole, baseline)
             if reason is None:
-                enough = metrics.nth_since(since, a.min_samples) or now
+                enough = windows.nth_since(plan.canary, since, a.min_samples) or now
                 self._advance(now, max(since + hold, enough))
                 return
         if reason is not None:
@@ -110,7 +119,7 @@ class Rollout:
             self._event("advanced", now, due=due)  # the figures of the step held
             self.step += 1
             self._step_started = now
-            self._apply(now)
+            self.apply_step(now)
             return
         reg, plan = self.registry, self.plan
         reg.set_weight(plan.canary, self._stable_weight, "rollout finished", new=False)
@@ -118,7 +127,7 @@ class Rollout:
         self.state = "finished"
         self._event("finished", now, due=due)
 
-    def _apply(self, now: float) -> None:
+    def apply_step(self, now: float) -> None:
         pct = self.plan.steps[self.step]
         reg = self.registry
         reg.set_weight(self.plan.canary, pct, f"rollout {self.id}", new=False)
@@ -139,7 +148,7 @@ class Rollout:
         return f"no canary worker has been routable for {now - self._down_since:.1f} s"
 
     def _stable_baseline(self, window: float, now: float) -> WindowStats | None:
-        stats = self.registry.pool_metrics(self.plan.stable).window(window, now)
+        stats = self.windows.window(self.plan.stable, window, now)
         if stats.requests >= self.plan.analysis.min_samples:
             self._baseline = stats
         return self._baseline
@@ -178,11 +187,48 @@ class Rollout:
         self.state, self.reason = state, reason
         self._event(state, now, reason)
 
+    # -- the fleet's copy (edge.upstream.fleet_rollouts) --------------------------------
+
+    def to_state(self) -> dict[str, Any]:
+        """Everything another process needs to go on with it (times on the wall clock)."""
+        offset = time.time() - time.monotonic()
+        base = self._baseline
+        return {
+            **self.describe(),
+            "stable_weight": self._stable_weight,
+            "step_started_at": self._step_started + offset,
+            "baseline": None if base is None else dataclasses.astuple(base),
+        }
+
+    @classmethod
+    def from_state(
+        cls, state: dict[str, Any], registry: PoolRegistry, counts: dict[str, int], windows: Windows
+    ) -> Rollout:
+        """The rollout `to_state` described, in this process (nothing applied)."""
+        self = cls.__new__(cls)
+        self.id, self.registry, self.windows, self._counts = state["id"], registry, windows, counts
+        self.plan = parse_plan(state["plan"])
+        self.state, self.reason, self.step = state["state"], state["reason"] or "", state["step"]
+        self.history, self.created_at = state["history"], state["created_at"]
+        self._stable_weight = state["stable_weight"]
+        self._step_started = state["step_started_at"] - (time.time() - time.monotonic())
+        base = state["baseline"]
+        self._baseline = None if base is None else WindowStats(*base)
+        self._down_since = None
+        return self
+
+    def span(self, now: float) -> float:
+        """How far back its judgement reads now (0 when it is over)."""
+        if not self.active:
+            return 0.0
+        hold = self.plan.hold_s[self.step]
+        return max(self.plan.analysis.window_s or hold or 1.0, now - self._step_started)
+
     # -- views ------------------------------------------------------------------------------
 
     def _event(self, event: str, now: float, reason: str = "", due: float | None = None) -> None:
         span = max(now - self._step_started, 1e-3)
-        reg, plan = self.registry, self.plan
+        plan = self.plan
         entry: dict[str, Any] = {
             "at": time.time(),
             "event": event,
@@ -190,8 +236,8 @@ class Rollout:
             "percent": plan.steps[self.step],
             "reason": reason,
             "held_s": round(span, 3),
-            "canary": reg.pool_metrics(plan.canary).window(span, now).to_dict(),
-            "stable": reg.pool_metrics(plan.stable).window(span, now).to_dict(),
+            "canary": self.windows.window(plan.canary, span, now).to_dict(),
+            "stable": self.windows.window(plan.stable, span, now).to_dict(),
         }
         if due is not None:
             entry["applied_late_ms"] = round((now - due) * 1000, 1)
@@ -222,18 +268,31 @@ class Rollout:
         }
 
 
+def act(rollout: Rollout, action: str, now: float) -> None:
+    """An operator's action on `rollout` (404 if there is no such action)."""
+    if action == "pause":
+        rollout.pause(now)
+    elif action == "resume":
+        rollout.resume(now)
+    elif action == "abort":
+        rollout.abort(now)
+    else:
+        raise ApiError(404, f"no rollout action {action!r}: pause, resume, abort", code="no_action")
+
+
 class Rollouts:
     """The rollouts of this edge: at most one active at a time."""
 
-    def __init__(self, registry: PoolRegistry) -> None:
+    def __init__(self, registry: PoolRegistry, windows: Windows | None = None) -> None:
         self.registry = registry
-        self._all: OrderedDict[str, Rollout] = OrderedDict()
+        self.windows: Windows = windows or LocalWindows(registry)
+        self.kept: OrderedDict[str, Rollout] = OrderedDict()
         self._seq = 0
         self.transitions: dict[str, int] = {}
 
-    def start(self, plan: Plan, now: float | None = None) -> Rollout:
+    def start(self, plan: Plan, now: float | None = None, rid: str = "") -> Rollout:
         reg = self.registry
-        busy = [r for r in self._all.values() if r.active]
+        busy = [r for r in self.kept.values() if r.active]
         if busy:
             raise ApiError(409, f"rollout {busy[0].id} is still {busy[0].state}", code="conflict")
         canary = reg.pool(plan.canary)
@@ -250,26 +309,37 @@ class Rollouts:
             plan.stable = others[0]
         reg.pool(plan.stable)
         self._seq += 1
-        rid = f"{time.strftime('%Y%m%d-%H%M%S')}-{self._seq}"
+        rid = rid or f"{time.strftime('%Y%m%d-%H%M%S')}-{self._seq}"
         t = time.monotonic() if now is None else now
-        rollout = Rollout(rid, plan, reg, self.transitions, t)
-        self._all[rid] = rollout
-        while len(self._all) > KEEP:
-            old = next((k for k, r in self._all.items() if not r.active), None)
-            if old is None:
-                break
-            del self._all[old]
+        rollout = Rollout(rid, plan, reg, self.transitions, t, self.windows)
+        self.kept[rid] = rollout
+        self.forget_old()
         return rollout
 
+    def forget_old(self) -> None:
+        while len(self.kept) > KEEP:
+            old = next((k for k, r in self.kept.items() if not r.active), None)
+            if old is None:
+                break
+            del self.kept[old]
+
     def get(self, rid: str) -> Rollout:
-        rollout = self._all.get(rid)
+        rollout = self.kept.get(rid)
         if rollout is None:
             raise ApiError(404, f"no rollout {rid!r}", type="not_found_error", code="no_rollout")
         return rollout
 
+    def active(self) -> Rollout | None:
+        return next((r for r in self.kept.values() if r.active), None)
+
+    def span(self, now: float | None = None) -> float:
+        """How far back the active rollout's judgement reads (0: none running)."""
+        active = self.active()
+        return active.span(time.monotonic() if now is None else now) if active else 0.0
+
     def check(self, now: float | None = None) -> None:
         t = time.monotonic() if now is None else now
-        for rollout in list(self._all.values()):
+        for rollout in list(self.kept.values()):
             rollout.tick(t)
 
     async def watch(self) -> None:
@@ -282,12 +352,29 @@ class Rollouts:
                 log.exception("rollout check failed")
 
     def describe(self) -> dict[str, Any]:
-        active = next((r.id for r in self._all.values() if r.active), None)
-        return {"active": active, "rollouts": [r.describe() for r in reversed(self._all.values())]}
+        active = self.active()
+        rollouts = [r.describe() for r in reversed(self.kept.values())]
+        return {"active": active.id if active else None, "rollouts": rollouts}
+
+    # -- the admin API's interface (`edge.upstream.fleet_rollouts` has the same) ------------
+
+    async def begin(self, plan: Plan) -> dict[str, Any]:
+        return self.start(plan).describe()
+
+    async def listing(self) -> dict[str, Any]:
+        return self.describe()
+
+    async def one(self, rid: str) -> dict[str, Any]:
+        return self.get(rid).describe()
+
+    async def act(self, rid: str, action: str) -> dict[str, Any]:
+        rollout = self.get(rid)
+        act(rollout, action, time.monotonic())
+        return rollout.describe()
 
     def render_metrics(self) -> str:
         out = Exposition()
-        shown = list(self._all.values())[-1:]  # the latest rollout
+        shown = list(self.kept.values())[-1:]  # the latest rollout
         out.family(
             "sluice_edge_rollout_state",
             "gauge",

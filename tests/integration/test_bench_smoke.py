@@ -142,3 +142,26 @@ def test_sse_reader_is_not_the_bottleneck():
     rec, parser, _, cpu = selftest.parse(selftest.synthetic_response(50_000))
     assert parser.done and rec.ok and len(rec.event_ns) == 50_000
     assert 50_000 / cpu > 100_000, f"{50_000 / cpu:,.0f} events per CPU-second"
+
+
+def test_the_limits_bench_compares_the_embedded_store_with_redis(tmp_path):
+    cmd = [sys.executable, "-m", "scripts.limits_bench", "--seconds", "0.5", "--rounds", "1"]
+    cmd += ["--concurrency", "2", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((tmp_path / "limits.json").read_text())
+    assert set(doc["results"]) == {"embedded", "redis"}
+    for r in doc["results"].values():
+        assert r["requests"] > 0 and r["non_200"] == 0
+        assert r["edge_cpu_us_per_request"] > 0
+    assert (
+        doc["results"]["embedded"]["redis_cpu_us_per_request"]
+        < (doc["results"]["redis"]["redis_cpu_us_per_request"])
+    )  # only the Redis edge's requests cost redis-server work
+    assert set(doc["redis_cost"]) == {
+        "p50_ms",
+        "edge_cpu_us_per_request",
+        "redis_cpu_us_per_request",
+        "rps_ratio",
+    }
+    assert "| redis |" in (tmp_path / "limits.md").read_text()

@@ -15,6 +15,7 @@ import re
 import shlex
 import time
 import tomllib
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +146,7 @@ def test_selectors_match_pod_labels():
         "sluice-worker",
         "sluice-worker-canary",
         "sluice-edge",
+        "sluice-redis",
     }
     for d in deployments:
         labels = d["spec"]["template"]["metadata"]["labels"]
@@ -326,7 +328,62 @@ def test_the_canary_is_the_stable_worker_but_for_its_version_and_is_reached_apar
     target = f"dns:///sluice-worker-canary.{namespace()}.svc.cluster.local:{port}"
     assert parsed.worker == [target]
     assert port == cfg.server.port
+    # One edge of the fleet, through its Service: the plan runs for all of them.
+    edge_svc = obj("Service", "sluice-edge")
+    (edge_port,) = edge_svc["spec"]["ports"]
+    host = f"{edge_svc['metadata']['name']}.{namespace()}.svc.cluster.local"
+    assert parsed.edge == [
+        f"http://{host}" if edge_port["port"] == 80 else f"http://{host}:{edge_port['port']}"
+    ]
     assert edge_cfg().session.secure  # TLS ends at the ingress: the cookie is Secure
+
+
+def test_every_edge_replica_shares_the_redis_the_manifests_run():
+    """--store-url names the Redis Service by its cluster DNS name and port, the Service
+    selects the Redis pod and targets the port redis-server listens on; Redis keeps
+    nothing on disk and stays under its memory limit."""
+    cfg = edge_cfg()
+    url = urllib.parse.urlsplit(cfg.store.url)
+    svc = obj("Service", "sluice-redis")
+    (port,) = svc["spec"]["ports"]
+    assert (url.scheme, url.hostname, url.port, url.path) == (
+        "redis",
+        f"{svc['metadata']['name']}.{namespace()}.svc.cluster.local",
+        port["port"],
+        "/0",
+    )
+    c = container("sluice-redis")
+    assert c["command"] == ["redis-server"]
+    flags = dict(zip(c["args"][::2], c["args"][1::2], strict=True))
+    assert port_number(c, port["targetPort"]) == int(flags["--port"])
+    assert c["readinessProbe"]["exec"]["command"] == ["redis-cli", "ping"]  # default port
+    assert port_number(c, c["livenessProbe"]["tcpSocket"]["port"]) == int(flags["--port"])
+    assert (flags["--save"], flags["--appendonly"]) == ("", "no")
+    assert size_bytes(flags["--maxmemory"].removesuffix("b")) < size_bytes(
+        c["resources"]["limits"]["memory"].removesuffix("i")
+    )
+    assert flags["--maxmemory-policy"] == "volatile-lru"  # control and rollouts: no ttl
+    spec = obj("Deployment", "sluice-redis")["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"]["type"] == "Recreate"
+    assert cfg.store.failure == "open"  # a Redis restart never refuses traffic
+
+
+def test_the_edge_scales_on_cpu_between_its_bounds():
+    (hpa,) = objects("HorizontalPodAutoscaler")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    spec = hpa["spec"]
+    assert spec["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": "sluice-edge",
+    }
+    assert 2 <= spec["minReplicas"] <= spec["maxReplicas"]
+    ((metric),) = spec["metrics"]
+    assert metric["type"] == "Resource" and metric["resource"]["name"] == "cpu"
+    assert 0 < metric["resource"]["target"]["averageUtilization"] <= 100
+    assert "replicas" not in obj("Deployment", "sluice-edge")["spec"]  # the HPA owns it
+    assert container("sluice-edge")["resources"]["requests"]["cpu"]  # utilization's base
+    assert edge_cfg().server.processes == 1  # one process per pod: the HPA counts pods
 
 
 @pytest.mark.slow

@@ -12,11 +12,12 @@ import asyncio
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AsyncExitStack, contextmanager
 from dataclasses import dataclass
 
 import httpx
+import orjson
 import pytest
 
 from tests.integration.edge_fixtures import EDGE_ENV, wait_ready
@@ -25,7 +26,8 @@ from tests.redis_proc import RedisServer, redis_server
 
 pytestmark = pytest.mark.slow
 
-KEYS = ["rate", "streams", "tpm", "settle", "down", "closed", "control", "canary"]
+KEYS = ["rate", "streams", "tpm", "settle", "down", "closed", "control", "canary", "summed"]
+KEYS += [f"ro{i}" for i in range(4)]  # rollout traffic, spread over keys (their limits)
 ADMIN = "fleet-admin-key-0123456789"
 ENV = {**EDGE_ENV, "SLUICE_API_KEYS": ",".join(f"{k}:sk-{k}-0123456789abcdef" for k in KEYS)}
 RATE = 20.0
@@ -284,6 +286,15 @@ def test_redis_stopped_mid_load_fails_open_then_limits_hold_again(two):
     assert statuses <= {200, 429}, load.seen  # never a 5xx
     assert load.seen["down"][200] > 0  # open: admitted by local limits meanwhile
     assert load.retry_after_missing == 0
+    # The canary judges fell back to each process's own windows, then came back.
+    deadline = time.monotonic() + 2
+    while True:
+        logs = "".join(e.log() for e in two.edges)
+        if "judging by the fleet's windows" in logs:
+            break
+        assert time.monotonic() < deadline, "fleet windows not back within 2 s"
+        time.sleep(0.05)
+    assert "judging by this process's windows" in logs
 
 
 def test_redis_stopped_fails_closed_with_503_then_recovers():
@@ -444,3 +455,214 @@ def test_a_canary_rolled_back_by_one_process_drops_to_0_on_every_replica(two):
         with httpx.Client(timeout=5) as c:
             c.delete(f"{a}/admin/pools/broken", headers=admin)
         tiny.kill()
+
+
+def every_process(base: str, name: str) -> list[dict[str, object]]:
+    """Pool `name` as 6 requests on new connections saw it (both processes), or {}."""
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    seen = []
+    with httpx.Client(limits=httpx.Limits(max_keepalive_connections=0), timeout=5) as c:
+        for _ in range(6):
+            pools = c.get(f"{base}/admin/pools", headers=admin).json()["pools"]
+            seen.append(next((p for p in pools if p["name"] == name), {}))
+    return seen
+
+
+def wait_everywhere(two: Fleet, name: str, ok: Callable[[dict], bool], limit: float) -> list:
+    deadline = time.monotonic() + limit
+    while True:
+        seen = [p for base in two.bases for p in every_process(base, name)]
+        if all(ok(p) for p in seen):
+            return seen
+        brief = [{k: p.get(k) for k in ("weight", "window", "fleet_window")} for p in seen]
+        assert time.monotonic() < deadline, brief
+        time.sleep(0.02)
+
+
+def serving(p: dict) -> bool:
+    return bool(p) and all(w["status"] == "SERVING" for w in p["workers"])
+
+
+def spread(two: Fleet, prompts: list[str]) -> list[int]:
+    """One chat request per prompt, each a new session on a new connection, replicas in
+    turn (either process of each takes it): the statuses."""
+    statuses = []
+    with httpx.Client(limits=httpx.Limits(max_keepalive_connections=0), timeout=5) as c:
+        for i, prompt in enumerate(prompts):
+            body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 2}
+            headers = {**auth("summed"), "x-session-id": f"summed-{time.time()}-{i}"}
+            r = c.post(f"{two.bases[i % 2]}/v1/chat/completions", json=body, headers=headers)
+            statuses.append(r.status_code)
+    return statuses
+
+
+def test_a_canary_failing_across_the_fleet_is_rolled_back_by_the_summed_window(two):
+    """12 attempts on the canary, 6 to each replica: no process sees the 12 its judge
+    needs (min_requests), only the fleet's window does. Then a healthy canary with the
+    same traffic stays. (Without the summed window nothing is ever rolled back here.)"""
+    a = two.bases[0]
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    tiny = start_worker("--engine", "sim", "--max-model-len", "24")  # a long prompt: 400
+    bounds = {"max_error_rate": 0.3, "window_s": 60, "min_requests": 12}
+    with httpx.Client(timeout=5, headers=admin) as c:
+        before = {p["name"]: p["weight"] for p in c.get(f"{a}/admin/pools").json()["pools"]}
+    try:
+        with httpx.Client(timeout=5, headers=admin) as c:
+            for name in before:  # the canary takes every new session
+                assert c.put(f"{a}/admin/pools/{name}/weight", json={"weight": 0}).is_success
+            spec = {"name": "flaky", "weight": 1, "workers": [tiny.address], "rollback": bounds}
+            assert c.post(f"{a}/admin/pools", json=spec).status_code == 201
+        wait_everywhere(two, "flaky", serving, 10)
+        long, short = "word " * 40, "hi"
+        prompts = [long, long, short] * 4  # 8 of 12 fail: 67 % > 30 %
+        assert spread(two, prompts) == [400 if p == long else 200 for p in prompts]
+        t0 = time.monotonic()
+        seen = wait_everywhere(two, "flaky", lambda p: p["weight"] == 0, 3.0)
+        took = time.monotonic() - t0
+        assert {p["draining"] for p in seen} == {"rolled_back"}
+        # Decided once: every process shows the one rollback that was published.
+        (rolled,) = {orjson.dumps(p["rolled_back"]) for p in seen}
+        assert "error rate 66.7% over 12 requests" in orjson.loads(rolled)["reason"]
+        assert took < 3.0
+        with httpx.Client(timeout=5, headers=admin) as c:
+            assert c.delete(f"{a}/admin/pools/flaky").status_code == 204
+            spec = {"name": "steady", "weight": 1, "workers": [tiny.address], "rollback": bounds}
+            assert c.post(f"{a}/admin/pools", json=spec).status_code == 201
+        wait_everywhere(two, "steady", serving, 10)
+        assert spread(two, [short] * 12) == [200] * 12
+
+        def judged_healthy(p: dict) -> bool:
+            window = p["fleet_window"]
+            return window is not None and (window["requests"], window["errors"]) == (12, 0)
+
+        seen = wait_everywhere(two, "steady", judged_healthy, 3.0)
+        assert {(p["weight"], p["draining"], p["rolled_back"]) for p in seen} == {(1, None, None)}
+    finally:
+        with httpx.Client(timeout=5, headers=admin) as c:
+            for name in ("flaky", "steady"):
+                c.delete(f"{a}/admin/pools/{name}")
+            for name, weight in before.items():
+                c.put(f"{a}/admin/pools/{name}/weight", json={"weight": weight})
+        tiny.kill()
+
+
+class Traffic(threading.Thread):
+    """New sessions on new connections to the replicas in turn, until stopped."""
+
+    def __init__(self, bases: list[str]) -> None:
+        super().__init__(daemon=True)
+        self.bases = bases
+        self.statuses: Counter[int] = Counter()
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        with httpx.Client(limits=httpx.Limits(max_keepalive_connections=0), timeout=5) as c:
+            i = 0
+            while not self.stop.is_set() and i < 5000:
+                headers = {**auth(f"ro{i % 4}"), "x-session-id": f"ro-{time.time()}-{i}"}
+                r = c.post(
+                    f"{self.bases[i % 2]}/v1/chat/completions",
+                    json=chat(2, stream=False),
+                    headers=headers,
+                )
+                self.statuses[r.status_code] += 1
+                i += 1
+
+
+def weights_everywhere(bases: list[str], names: tuple[str, ...]) -> list[tuple]:
+    """Each pool of `names` as (weight, draining), from both processes of every base."""
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    seen = []
+    with httpx.Client(limits=httpx.Limits(max_keepalive_connections=0), timeout=5) as c:
+        for base in bases:
+            for _ in range(6):
+                pools = {
+                    p["name"]: p
+                    for p in c.get(f"{base}/admin/pools", headers=admin).json()["pools"]
+                }
+                seen.append(tuple((pools[n]["weight"], pools[n]["draining"]) for n in names))
+    return seen
+
+
+def wait_weights(bases: list[str], names: tuple[str, ...], want: tuple, limit: float) -> None:
+    deadline = time.monotonic() + limit
+    while True:
+        seen = weights_everywhere(bases, names)
+        if all(s == want for s in seen):
+            return
+        assert time.monotonic() < deadline, (want, seen)
+
+
+def rollout_everywhere(bases: list[str], path: str) -> list[dict]:
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    with httpx.Client(limits=httpx.Limits(max_keepalive_connections=0), timeout=5) as c:
+        return [
+            c.get(f"{b}/admin/rollouts{path}", headers=admin).json()
+            for b in bases
+            for _ in range(4)
+        ]
+
+
+def test_a_rollout_started_on_one_replica_drives_the_fleet_and_stops_everywhere_on_abort(two):
+    """Started through replica A, run by one process of the four; replica B's weights
+    follow each step within a second; aborted through B: rolled back everywhere."""
+    a, b = two.bases
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    workers = [start_worker("--engine", "sim", "--sim-token-delay", "0.002") for _ in range(2)]
+    with httpx.Client(timeout=5, headers=admin) as c:
+        before = {p["name"]: p["weight"] for p in c.get(f"{a}/admin/pools").json()["pools"]}
+    names = ("ro-stable", "ro-canary")
+    traffic = Traffic(two.bases)
+    try:
+        with httpx.Client(timeout=5, headers=admin) as c:
+            for name in before:
+                assert c.put(f"{a}/admin/pools/{name}/weight", json={"weight": 0}).is_success
+            for name, weight, w in zip(names, (1, 0), workers, strict=True):
+                spec = {"name": name, "weight": weight, "workers": [w.address]}
+                assert c.post(f"{a}/admin/pools", json=spec).status_code == 201
+        for name in names:
+            wait_everywhere(two, name, serving, 10)
+        traffic.start()
+        plan = {
+            "canary": "ro-canary",
+            "stable": "ro-stable",
+            "steps": [20, 50, 100],
+            "hold_s": [3, 3, 600],
+            "analysis": {"min_samples": 2, "max_ttft_p99_ratio": None, "max_itl_p99_ratio": None},
+        }
+        with httpx.Client(timeout=5, headers=admin) as c:
+            started = c.post(f"{a}/admin/rollouts", json=plan)
+            assert started.status_code == 201, started.text
+            rid = started.json()["id"]
+            again = c.post(f"{b}/admin/rollouts", json=plan)  # one at a time, fleet-wide
+            assert (again.status_code, again.json()["error"]["code"]) == (409, "conflict")
+            for step, pct in enumerate(plan["steps"]):
+                deadline = time.monotonic() + 20
+                while c.get(f"{a}/admin/rollouts/{rid}").json()["step"] != step:
+                    assert time.monotonic() < deadline, f"step {step} never came"
+                    time.sleep(0.02)
+                wait_weights([b], names, ((100 - pct, None), (pct, None)), 1.0)
+            aborted = c.post(f"{b}/admin/rollouts/{rid}/abort")
+            assert aborted.status_code == 200 and aborted.json()["state"] == "aborted"
+        wait_weights(two.bases, names, ((1, None), (0, "rolled_back")), 1.0)
+        seen = rollout_everywhere(two.bases, f"/{rid}")
+        assert all(r == seen[0] for r in seen), seen  # every process answers the same
+        events = [(e["event"], e["step"]) for e in seen[0]["history"]]
+        assert events == [("started", 0), ("advanced", 0), ("advanced", 1), ("aborted", 2)]
+        deadline = time.monotonic() + 1.0  # the owner lets the lease go at its next check
+        while {(x["active"], x["owner"]) for x in rollout_everywhere(two.bases, "")} != {
+            (None, None)
+        }:
+            assert time.monotonic() < deadline, rollout_everywhere(two.bases, "")
+    finally:
+        traffic.stop.set()
+        traffic.join(30)
+        with httpx.Client(timeout=5, headers=admin) as c:
+            for name in names:
+                c.delete(f"{a}/admin/pools/{name}")
+            for name, weight in before.items():
+                c.put(f"{a}/admin/pools/{name}/weight", json={"weight": weight})
+        for w in workers:
+            w.kill()
+    assert set(traffic.statuses) <= {200, 429}, traffic.statuses
+    assert traffic.statuses[200] > 0

@@ -10,10 +10,17 @@ from collections.abc import Iterator
 
 import pytest
 
+from edge.config import RoutingConfig
 from edge.store.base import StoreUnavailable
+from edge.store.control import Control
 from edge.store.guarded import Guarded
 from edge.store.memory import MemoryStore
 from edge.store.redis import RedisStore
+from edge.store.windows import WindowCounters
+from edge.upstream.channel import ChannelFactory
+from edge.upstream.pools import PoolSpec
+from edge.upstream.registry import PoolRegistry
+from edge.upstream.windows import FleetWindows
 from tests.redis_proc import RedisServer, redis_server
 
 
@@ -170,3 +177,87 @@ async def test_a_stopped_redis_fails_by_mode_and_recovers_without_restart(fail_o
             await check.close()
         finally:
             await store.close()
+
+
+def registry_of(*pools: str) -> PoolRegistry:
+    specs = [PoolSpec(p, "1", 1.0, []) for p in pools]
+    return PoolRegistry(specs, RoutingConfig(), ChannelFactory([], None, ""))
+
+
+class Clock:
+    """A monotonic clock the test moves (the wall clock is it plus a fixed offset), ahead
+    of the real one (pools' windows start at their creation)."""
+
+    def __init__(self) -> None:
+        self.t = float(int(time.monotonic()) + 100)  # whole seconds on the wall too
+
+    def mono(self) -> float:
+        return self.t
+
+    def wall(self) -> float:
+        return self.t + 1.7e9
+
+
+async def test_canary_windows_sum_over_processes_and_fall_back_to_local_without_redis(request):
+    with redis_server() as srv:
+        clock = Clock()
+        regs = [registry_of("canary", "stable") for _ in range(3)]  # three edge processes
+        windows = [
+            FleetWindows(r, WindowCounters(srv.url, 0.25, request.node.name), lambda: 30.0,
+                         wall=clock.wall, mono=clock.mono)
+            for r in regs
+        ]  # fmt: skip
+        try:
+            for i, reg in enumerate(regs):  # 4 outcomes each, over two seconds
+                for k in range(4):
+                    code = "upstream_error" if k == i else "ok"
+                    reg.pool_metrics("canary").outcome(code, 0.1, now=clock.t + k * 0.5)
+                reg.pool_metrics("stable").outcome("ok", 0.1, now=clock.t)
+            clock.t += 2.0
+            for w in windows:
+                await w.exchange()  # adds its own
+            await windows[0].exchange()  # reads what the others added after it
+            got = windows[0].window("canary", 30.0, clock.t)
+            assert (got.requests, got.errors) == (12, 3)
+            assert got.ttft_p99_s == pytest.approx(0.1, rel=0.025)
+            assert windows[0].window("stable", 30.0, clock.t).requests == 3
+            # Outcomes in two seconds (at 0, 0.5, 1, 1.5 s): 1 s back takes the second.
+            assert windows[0].window("canary", 1.0, clock.t).requests == 6
+            mine = regs[0].pool_metrics("canary").window(30.0, clock.t)
+            assert (mine.requests, mine.errors) == (4, 1)
+            # When the n-th came, to the end of its second.
+            since = clock.t - 2.0
+            assert [windows[0].nth_since("canary", since, n) for n in (6, 12, 13)] == [
+                clock.t - 1.0,
+                clock.t,
+                None,
+            ]
+            srv.stop()
+            with pytest.raises(StoreUnavailable):
+                await windows[0].exchange()
+            assert windows[0].window("canary", 30.0, clock.t).requests == 12  # still fresh
+            clock.t += 1.1  # stale now: this process's own window
+            got = windows[0].window("canary", 30.0, clock.t)
+            assert (got.requests, got.errors) == (mine.requests, mine.errors)
+        finally:
+            for w in windows:
+                await w.counters.close()
+
+
+async def test_a_rollback_decided_by_several_processes_at_once_is_published_once(request):
+    with redis_server() as srv:
+        controls = [Control(srv.url, 1.0, request.node.name) for _ in range(3)]
+        try:
+            first = await controls[0].publish({"pools": []})
+            for c in controls[1:]:
+                await c.resync(lambda doc: None)
+                assert c.version == first
+            # All three decide from version `first`; only one may publish.
+            results = await asyncio.gather(
+                *(c.publish({"pools": [], "by": i}, expect=first) for i, c in enumerate(controls))
+            )
+            assert sorted(r > 0 for r in results) == [False, False, True]
+            assert await controls[0].publish({"pools": []}, expect=first) == 0
+        finally:
+            for c in controls:
+                await c.close()

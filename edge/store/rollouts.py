@@ -1,0 +1,108 @@
+"""The fleet's rollout plans in Redis: one versioned document and the lease of the one
+edge process that runs them (`edge.upstream.fleet_rollouts`).
+
+- `<prefix>:rollouts` is a hash: `version` (raised by every save), `active` (the id of
+  the running or paused rollout, '' when none) and `body` (the document, JSON).
+- `<prefix>:rollouts:owner` holds the id of the process whose lease runs the active
+  rollout; it expires `ttl` after its last renewal, so a dead owner is replaced.
+- `tick` is one script per check of every process: while a rollout is active it takes
+  the lease if it is free (or renews it if it is the caller's), lets it go when none is,
+  and returns the body only when its version is not the one the caller has.
+- `save` replaces the document if its version is still the expected one (and, for the
+  owner's saves, the lease still the caller's): a compare-and-set, 0 when it lost.
+
+Any failure raises `StoreUnavailable`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from edge.store.base import StoreUnavailable
+
+T = TypeVar("T")
+
+# KEYS board, owner; ARGV me, ttl_ms, the version the caller has.
+TICK = """
+local v = redis.call('HMGET', KEYS[1], 'version', 'active')
+local version = tonumber(v[1] or '0')
+local owner = 0
+if v[2] and v[2] ~= '' then
+  local holder = redis.call('GET', KEYS[2])
+  if (not holder) or holder == ARGV[1] then
+    redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+    owner = 1
+  end
+elseif redis.call('GET', KEYS[2]) == ARGV[1] then
+  redis.call('DEL', KEYS[2])
+end
+local body = ''
+if version ~= tonumber(ARGV[3]) then body = redis.call('HGET', KEYS[1], 'body') or '' end
+return {owner, version, body}
+"""
+
+# KEYS board, owner; ARGV body, active, expected version, me ('': any caller).
+SAVE = """
+if ARGV[4] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[4] then return 0 end
+local version = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
+if version ~= tonumber(ARGV[3]) then return 0 end
+redis.call('HSET', KEYS[1], 'version', version + 1, 'active', ARGV[2], 'body', ARGV[1])
+return version + 1
+"""
+
+
+class RolloutBoard:
+    """The rollouts' document and owner lease in Redis (see the module docstring)."""
+
+    def __init__(self, url: str, timeout_s: float, prefix: str = "sluice") -> None:
+        self.url = url
+        self.timeout_s = timeout_s
+        self.client: aioredis.Redis = aioredis.Redis.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),
+        )
+        self.keys = [f"{prefix}:rollouts", f"{prefix}:rollouts:owner"]
+        self.seq_key = f"{prefix}:rollouts:seq"
+        self._tick = self.client.register_script(TICK)
+        self._save = self.client.register_script(SAVE)
+
+    async def call(self, op: Awaitable[T]) -> T:
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await op
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise StoreUnavailable(f"redis at {self.url}: {exc or type(exc).__name__}") from None
+
+    async def tick(self, me: str, ttl_s: float, known: int) -> tuple[bool, int, bytes | None]:
+        """(whether `me` holds the lease, the version, the body if not `known`)."""
+        args: list[Any] = [me, max(1, int(ttl_s * 1000)), known]
+        owner, version, body = await self.call(self._tick(keys=self.keys, args=args))
+        version = int(version)
+        return bool(owner), version, (bytes(body) if version != known else None)
+
+    async def save(self, body: bytes, active: str, expect: int, me: str = "") -> int:
+        """The new version, or 0 if the document (or the lease, for `me`) moved on."""
+        args: list[Any] = [body, active, expect, me]
+        return int(await self.call(self._save(keys=self.keys, args=args)))
+
+    async def owner(self) -> str | None:
+        raw = await self.call(self.client.get(self.keys[1]))
+        return raw.decode() if isinstance(raw, bytes) else raw
+
+    async def next_seq(self) -> int:
+        return int(await self.call(self.client.incr(self.seq_key)))
+
+    async def close(self) -> None:
+        try:
+            await self.client.aclose()
+        except (RedisError, OSError):
+            pass

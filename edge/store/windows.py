@@ -1,0 +1,70 @@
+"""Canary windows shared by the fleet: per pool and per second, counters in Redis that
+every edge process adds its outcomes to, so a judge can decide on the sum.
+
+A bucket is a hash `<prefix>:window:<pool>:<unix second>` of integer fields (what they
+count is `edge.upstream.windows`'s business: requests, errors, latency histogram bins),
+expiring `ttl_s` after its last write. `exchange` is one pipelined round trip: the
+counts this process gathered since its last call are added (`HINCRBY`), then the buckets
+asked for are read back (`HGETALL`). Errors are not handled here: any failure raises
+`StoreUnavailable`, and the caller judges by its own windows meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from edge.store.base import StoreUnavailable
+
+Bucket = tuple[str, int]  # (pool, unix second)
+
+
+class WindowCounters:
+    """Per-pool, per-second outcome counters in Redis (see the module docstring)."""
+
+    def __init__(self, url: str, timeout_s: float, prefix: str = "sluice") -> None:
+        self.url = url
+        self.timeout_s = timeout_s
+        self.prefix = prefix
+        self.client: aioredis.Redis = aioredis.Redis.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),
+            decode_responses=True,
+        )
+
+    def key(self, bucket: Bucket) -> str:
+        return f"{self.prefix}:window:{bucket[0]}:{bucket[1]}"
+
+    async def exchange(
+        self, add: dict[Bucket, dict[str, int]], read: list[Bucket], ttl_s: float
+    ) -> list[dict[str, int]]:
+        """Add `add`'s counts, then read the buckets `read` (one round trip)."""
+        pipe = self.client.pipeline(transaction=False)
+        ttl = max(1, int(ttl_s))
+        for bucket, fields in add.items():
+            key = self.key(bucket)
+            for name, value in fields.items():
+                pipe.hincrby(key, name, value)
+            pipe.expire(key, ttl)
+        for bucket in read:
+            pipe.hgetall(self.key(bucket))
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                results: list[Any] = await pipe.execute()
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise StoreUnavailable(f"redis at {self.url}: {exc or type(exc).__name__}") from None
+        got = results[len(results) - len(read) :] if read else []
+        return [{k: int(v) for k, v in h.items()} for h in got]
+
+    async def close(self) -> None:
+        try:
+            await self.client.aclose()
+        except (RedisError, OSError):
+            pass

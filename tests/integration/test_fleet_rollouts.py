@@ -1,0 +1,119 @@
+"""Fleet rollouts against a real redis-server, two edge processes' worth of registries
+(no edge servers: their workers are marked SERVING by hand): one owner runs the plan,
+the other follows through the fleet's control, and takes over when the owner stops
+renewing its lease."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from edge.config import RoutingConfig
+from edge.store.control import Control
+from edge.store.rollouts import RolloutBoard
+from edge.upstream.channel import ChannelFactory
+from edge.upstream.fleet import FleetSync
+from edge.upstream.fleet_rollouts import FleetRollouts
+from edge.upstream.plans import parse_plan
+from edge.upstream.pools import PoolSpec
+from edge.upstream.registry import PoolRegistry
+from edge.upstream.windows import LocalWindows
+from edge.upstream.worker import SERVING
+from tests.redis_proc import redis_server
+
+
+@dataclass
+class Process:
+    registry: PoolRegistry
+    rollouts: FleetRollouts
+    watch: asyncio.Task[None]
+
+    def weights(self) -> dict[str, float]:
+        return {p.name: p.weight for p in self.registry.pools.values()}
+
+
+@contextlib.asynccontextmanager
+async def processes(url: str, prefix: str, n: int) -> AsyncIterator[list[Process]]:
+    made: list[Process] = []
+    closing = []
+    try:
+        for _ in range(n):
+            specs = [PoolSpec("v1", "1", 1.0, ["s1:1"]), PoolSpec("v2", "2", 0.0, ["c1:1"])]
+            reg = PoolRegistry(specs, RoutingConfig(), ChannelFactory([], None, ""))
+            for w in reg.workers:
+                w.status = SERVING
+            control = Control(url, 1.0, prefix)
+            board = RolloutBoard(url, 1.0, prefix)
+            closing += [control, board]
+            fleet = FleetSync(reg, control)
+            rollouts = FleetRollouts(reg, board, fleet, LocalWindows(reg))
+            rollouts.lease_s = 0.5
+            made.append(Process(reg, rollouts, asyncio.create_task(fleet.watch())))
+        yield made
+    finally:
+        for p in made:
+            p.watch.cancel()
+        await asyncio.gather(*(p.watch for p in made), return_exceptions=True)
+        for c in closing:
+            await c.close()
+
+
+async def until(condition, limit: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + limit
+    while not condition():
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.01)
+
+
+def feed(p: Process, n: int = 3) -> None:
+    for _ in range(n):
+        p.registry.pool_metrics("v2").outcome("ok", 0.01)
+        p.registry.pool_metrics("v1").outcome("ok", 0.01)
+
+
+async def test_one_owner_runs_the_plan_and_another_takes_over_when_its_lease_lapses(request):
+    with redis_server() as srv:
+        async with processes(srv.url, request.node.name, 2) as (a, b):
+            plan = parse_plan({"canary": "v2", "steps": [25, 50, 100], "hold_s": 0.2,
+                               "analysis": {"min_samples": 1}})  # fmt: skip
+            started = await b.rollouts.begin(plan)  # through B
+            rid = started["id"]
+            assert started["step"] == 0
+            await until(lambda: a.weights() == {"v1": 75, "v2": 25})  # published
+            await a.rollouts.check()  # A checks first: the lease is A's
+            await b.rollouts.check()
+            assert (a.rollouts.owner, b.rollouts.owner) == (True, False)
+            feed(a)
+            await asyncio.sleep(0.25)  # the step's hold (the plan's own clock)
+            await a.rollouts.check()
+            assert (await b.rollouts.one(rid))["step"] == 1
+            await until(lambda: b.weights() == {"v1": 50, "v2": 50})
+            # A stops (a dead process renews nothing); B takes over once the lease lapses.
+            t_stop = time.monotonic()
+            while not b.rollouts.owner:
+                await b.rollouts.check()
+                assert time.monotonic() - t_stop < 2.0
+                await asyncio.sleep(0.05)
+            assert time.monotonic() - t_stop >= 0.4  # not before the lease's 0.5 s
+            while (await b.rollouts.one(rid))["state"] != "finished":
+                feed(b)  # samples in each step, now seen by B
+                await b.rollouts.check()
+                assert time.monotonic() - t_stop < 5.0
+                await asyncio.sleep(0.05)
+            finished = {"v1": 0, "v2": 1}  # the canary takes the stable pool's old weight
+            await until(lambda: a.weights() == b.weights() == finished)
+            assert a.registry.pool("v1").draining == "drained"
+            done = await a.rollouts.one(rid)
+            assert done == await b.rollouts.one(rid)
+            events = [(e["event"], e["step"]) for e in done["history"]]
+            assert events == [
+                ("started", 0),
+                ("advanced", 0),
+                ("advanced", 1),
+                ("finished", 2),
+            ]
+            await b.rollouts.check()  # nothing active: the lease is let go
+            assert (await a.rollouts.listing())["owner"] is None
