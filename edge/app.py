@@ -159,6 +159,9 @@ def secured(app: ASGIApp, config: EdgeConfig, state: EdgeState, store: Store) ->
         log.warning("no admin key ($SLUICE_ADMIN_KEY): /metrics and /admin are refused")
     metrics = state.metrics
     state.priorities = Priorities(key_classes(sec.key_priorities), auth=bool(keys))
+    unknown = sorted(set(state.priorities.keys) - keys.names())
+    if unknown:
+        log.warning("--key-priority names no configured key: %s", ", ".join(unknown))
     limits = Limits(
         sec.rate_limit_rps, sec.rate_limit_burst, sec.max_streams_per_key, sec.tpm_limit
     )

@@ -10,12 +10,17 @@ in the worker's queue, which is where priority and fair share are decided:
   class is kept `priority_headroom` batch slots and places further from the top, so a
   high-priority arrival finds a free slot at once instead of waiting for a low one to
   end. With one class in use nothing is held back.
-- **Displacement**: when an arrival finds no place, the newest still-queued generation
-  of the lowest class below it is refused instead (RESOURCE_EXHAUSTED before its first
-  token), so a lower class is always refused first. Within a class, a tenant holding
-  fewer generations displaces the newest queued one of the tenant holding most.
+- **Displacement**: when an arrival finds no place, a queued generation of the lowest
+  class below it is refused instead (the newest one of the tenant holding most in that
+  class; RESOURCE_EXHAUSTED before its first token), so a lower class is refused first
+  (a full KV cache refuses every class alike). Within a class, a tenant holding at least
+  two more than the arrival's tenant gives up its newest queued one.
 - **Fair share**: within a class the queue takes tenants in turn (round robin), so two
   tenants flooding get equal shares whatever their arrival rates.
+
+A generation counts once whatever its `n` (its choices share its place and slot). A
+draining worker refuses what is still queued (`refuse_queued`), so the edge starts it
+elsewhere at once.
 
 Counting here rather than reading the engine's queue makes a burst of simultaneous
 arrivals race-free: each admission is decided against all those before it. The common
@@ -125,7 +130,8 @@ class Admission:
         cls.seen = now
         self._slots = stats.max_running
         capacity = stats.max_running + self.config.max_waiting
-        kv_full = stats.kv_cache_usage >= self.config.kv_high_watermark and stats.waiting > 0
+        waiting = stats.waiting + self.queued  # the engine's queue and the worker's
+        kv_full = stats.kv_cache_usage >= self.config.kv_high_watermark and waiting > 0
         if kv_full or self.in_flight >= capacity - self._reserve(priority, now):
             if kv_full or not self._displace_for(priority, tenant):
                 self.rejected_total += 1
@@ -170,7 +176,9 @@ class Admission:
         self._displace(cls, top, "fair share")
         return True
 
-    def _displace(self, cls: _Class, tenant: str, why: str) -> None:
+    def _displace(
+        self, cls: _Class, tenant: str, why: str = "", err: SluiceError | None = None
+    ) -> None:
         tickets = cls.queue[tenant]
         ticket = tickets.pop()  # the newest
         if not tickets:
@@ -179,16 +187,15 @@ class Admission:
         self.queued -= 1
         self._forget(cls, ticket)
         ticket.state = DISPLACED
-        self.displaced_total += 1
-        retry = self.retry_after_s(max(1, self.queued))
-        if ticket.displace is not None:
-            ticket.displace(
-                Overloaded(
-                    f"worker overloaded: queued generation displaced ({why}); "
-                    f"retry in {retry:.2f}s",
-                    retry_after_s=retry,
-                )
+        if err is None:
+            self.displaced_total += 1
+            retry = self.retry_after_s(max(1, self.queued))
+            err = Overloaded(
+                f"worker overloaded: queued generation displaced ({why}); retry in {retry:.2f}s",
+                retry_after_s=retry,
             )
+        if ticket.displace is not None:
+            ticket.displace(err)
         ticket.left_queue()
 
     def _forget(self, cls: _Class, ticket: Ticket) -> None:
@@ -206,7 +213,8 @@ class Admission:
         """Hand the generation to the engine now (None) or queue it: the future resolves
         at its turn. A generation cancelled while queued must still be `release`d."""
         p = ticket.priority
-        if self.dispatched < self._gate(p) and not any(c.queued for c in self._classes[: p + 1]):
+        gate = self._gate(p, self._clock())
+        if self.dispatched < gate and not any(c.queued for c in self._classes[: p + 1]):
             self.dispatched += 1
             ticket.state = DISPATCHED
             return None
@@ -222,20 +230,22 @@ class Admission:
         self.pump()
         return ticket.turn if ticket.state == HELD else None
 
-    def _gate(self, priority: int) -> int:
-        """How many dispatched generations leave room for one more of this class."""
-        return self._slots - self._reserve(priority, self._clock())
+    def _gate(self, priority: int, now: float) -> int:
+        """How many dispatched generations leave room for one more of this class (always
+        at least one: a headroom never starves a class outright)."""
+        return max(1, self._slots - self._reserve(priority, now))
 
     def pump(self) -> None:
         """Dispatch queued generations while slots allow: classes in order, tenants in
         turn within a class. Also run by a timer when a headroom that holds the queue
         back lapses (the class above it stopped arriving)."""
+        now = self._clock()
         while self.queued:
             p = next(p for p, c in enumerate(self._classes) if c.queued)
             cls = self._classes[p]
-            if self.dispatched >= self._gate(p):
+            if self.dispatched >= self._gate(p, now):
                 if self.dispatched < self._slots:  # only a headroom holds it back
-                    self._pump_when_headroom_lapses(p)
+                    self._pump_when_headroom_lapses(p, now)
                 return
             tenant = next(iter(cls.queue))
             tickets = cls.queue.pop(tenant)
@@ -248,18 +258,27 @@ class Admission:
             ticket.state = DISPATCHED
             ticket.left_queue()
 
-    def _pump_when_headroom_lapses(self, priority: int) -> None:
+    def _pump_when_headroom_lapses(self, priority: int, now: float) -> None:
         if self._timer is not None:
             return
-        now = self._clock()
         recent = self.recent_s
         ends = [c.seen + recent for c in self._classes[:priority] if now - c.seen < recent]
         loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(max(0.0, min(ends) - now) + 0.001, self._lapsed)
+        self._timer = loop.call_later(max(0.0, min(ends, default=now) - now) + 0.001, self._lapsed)
 
     def _lapsed(self) -> None:
         self._timer = None
         self.pump()
+
+    def refuse_queued(self, err: SluiceError) -> int:
+        """End every queued generation with `err` (a draining worker: they have not
+        reached the engine, so the caller may start them elsewhere at once)."""
+        n = 0
+        for cls in self._classes:
+            while cls.queue:
+                self._displace(cls, next(iter(cls.queue)), err=err)
+                n += 1
+        return n
 
     # -- the end --------------------------------------------------------------------
 

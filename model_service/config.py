@@ -225,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-waiting", type=int, default=d.admission.max_waiting)
     p.add_argument(
         "--priority-headroom",
-        type=int,
+        type=_non_negative,
         default=None,
         help="batch slots kept for each higher priority class while it is in use "
         "(default: 1/8 of the batch slots, at least 1)",
@@ -348,6 +348,13 @@ def _triton_options(args: argparse.Namespace) -> TritonOptions:
         tls_key=args.triton_tls_key,
         health_interval_s=args.triton_health_interval,
     )
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
 
 
 def config_from_args(args: argparse.Namespace) -> WorkerConfig:

@@ -122,6 +122,9 @@ class Worker:
     async def shutdown(self) -> None:
         """The written order (module docstring)."""
         self.core.draining = True
+        # Queued generations have not reached the engine: refused now, the edge starts
+        # them on another worker instead of their waiting out the grace here.
+        self.core.admission.refuse_queued(Unavailable("worker is draining", retry_after_s=0.1))
         if self._ready_task is not None:
             self._ready_task.cancel()
         await self._set_health(NOT_SERVING)

@@ -82,6 +82,7 @@ class GenerateStream:
             await abort_with(self.context, err)
         gen.attach()
         reader = asyncio.create_task(self._watch(gen))
+        accepted = False
         try:
             ticket = gen.ticket
             if ticket is not None and ticket.turn is not None and not ticket.turn.done():
@@ -93,10 +94,13 @@ class GenerateStream:
                 # Tells the caller the generation was accepted before any token exists: a
                 # caller may then drop the RPC and `Resume` later (within the detach grace).
                 await self.context.send_initial_metadata(((ACCEPTED_KEY, gen.request_id),))
+                accepted = True
             await send_log(gen, 0, self.context)
         except SluiceError as err:
             await abort_with(self.context, err)
         finally:
+            if not accepted and not gen.ended:  # the RPC ended while it was queued: no
+                gen.cancel(CLIENT_CANCEL)  # one was told its id, so no one can resume it
             gen.release()
             reader.cancel()  # not awaited: it ends at its next step, nothing to wait for
 

@@ -128,17 +128,18 @@ async def _prepare(state: EdgeState, request: Request, kind: Kind) -> Prepared:
     cfg = state.config
     req = _PARSERS[kind](decode_body(await read_body(request, cfg.server.max_body_bytes)))
     check_prompt(req, cfg.security.max_prompt_chars)
-    reserve = record_of(request.scope).reserve
+    rec = record_of(request.scope)
+    asked = request.headers.get(priority.HEADER)
+    klass, tenant = state.priorities.of(asked, req.service_tier, rec.caller)  # 400/403 here
+    reserve = rec.reserve
     if reserve is not None:  # a tokens-per-minute limit: 429 here, before any worker
         await reserve(most_tokens(req))
     request_id = new_request_id()
-    rec = record_of(request.scope)
     owner = state.codec.tag(rec.caller or "")
     start = req.to_start("")  # the request alone, for its tag; then ours
     body = state.codec.tag(kind.encode() + b"|" + start.SerializeToString(deterministic=True))
     start.request_id = request_id
-    asked = request.headers.get(priority.HEADER)
-    start.priority, start.tenant = state.priorities.of(asked, req.service_tier, rec.caller)
+    start.priority, start.tenant = klass, tenant
     if asked is not None or req.service_tier is not None:  # say which class it got
         rec.headers.append((b"x-sluice-priority", priority.NAMES[start.priority].encode()))
     # The session key comes with the placement (`edge.api.affinity`, in `_failover`).

@@ -140,6 +140,9 @@ class KeyStore:
     def __len__(self) -> int:
         return len(self._keys)
 
+    def names(self) -> set[str]:
+        return {name for _, name in self._keys.values()}
+
     def identify(self, key: str) -> str | None:
         """The name of `key`, or None (see the module docstring on timing)."""
         d = digest(key)

@@ -97,7 +97,9 @@ class VllmEngine(Engine):
         )
 
     def _model_info(self, llm: AsyncLLM) -> ModelInfo:
-        self._collector.max_running = llm.vllm_config.scheduler_config.max_num_seqs
+        # max_num_seqs is per data-parallel rank: the worker dispatches for all of them.
+        dp = llm.vllm_config.parallel_config.data_parallel_size or 1
+        self._collector.max_running = llm.vllm_config.scheduler_config.max_num_seqs * dp
         cache = llm.vllm_config.cache_config  # its block count comes from the engine core
         self._collector.kv_cache_tokens = (cache.num_gpu_blocks or 0) * (cache.block_size or 0)
         return ModelInfo(

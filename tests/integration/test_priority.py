@@ -14,16 +14,20 @@ import asyncio
 import hashlib
 import re
 import secrets
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import orjson
 import pytest
 
+from generated import sluice_pb2 as pb
+from generated import sluice_pb2_grpc as pb_grpc
 from tests.integration.edge_fixtures import EDGE_ENV, wait_ready, worker_stats
 from tests.procs import Proc, start_edge, start_worker
 
@@ -318,3 +322,50 @@ async def test_tenants_take_turns_and_a_light_one_displaces_a_flooding_one(fleet
     )
     # Once the slot frees, the queue takes a and b in turn.
     assert order == ["c", "a", "b", "a", "b", "a"]
+
+
+# -- the queue and the RPC, over gRPC ------------------------------------------------------
+
+
+def _start(rid: str, max_tokens: int, grace_ms: int = 0) -> pb.GenerateRequest:
+    sp = pb.SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    start = pb.StartGeneration(request_id=rid, prompt="hi", sampling=sp, detach_grace_ms=grace_ms)
+    return pb.GenerateRequest(start=start)
+
+
+async def _accepted(call: grpc.aio.StreamStreamCall) -> str:
+    return dict(await call.initial_metadata()).get("x-sluice-request-id", "")
+
+
+async def test_a_queued_generation_is_cancelled_with_its_rpc_and_refused_by_a_drain():
+    worker = start_worker(
+        "--engine", "sim", "--sim-token-delay", "0.02", "--max-num-seqs", "1",
+        "--max-waiting", "2", "--drain-grace", "20",
+    )  # fmt: skip
+    try:
+        async with grpc.aio.insecure_channel(worker.address) as channel:
+            stub = pb_grpc.GenerationStub(channel)
+            running = stub.Generate(iter([_start("running", 2000)]))
+            assert await _accepted(running) == "running"
+            # Queued (the one slot is taken): no acceptance yet. Its RPC goes away, with a
+            # detach grace asked for: no one knows its id, so it is cancelled, not kept.
+            left = stub.Generate(iter([_start("left", 5, grace_ms=60_000)]))
+            await until(lambda: worker_stats(worker.address).waiting == 1)
+            left.cancel()
+            await until(lambda: worker_stats(worker.address).waiting == 0)
+            # Draining: what is queued is refused at once (UNAVAILABLE: start it elsewhere)
+            # while the running generation goes on within the grace.
+            queued = stub.Generate(iter([_start("queued", 5)]))
+            await until(lambda: worker_stats(worker.address).waiting == 1)
+            worker.proc.send_signal(signal.SIGTERM)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                async for _ in queued:
+                    pass
+            assert (refused.value.code(), refused.value.details()) == (
+                grpc.StatusCode.UNAVAILABLE,
+                "worker is draining",
+            )
+            assert running.done() is False  # still generating while the worker drains
+            running.cancel()
+    finally:
+        worker.kill()

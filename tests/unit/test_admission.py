@@ -232,9 +232,42 @@ def test_counts_stay_consistent_and_no_slot_idles_while_a_queue_waits(
                 assert sum(cls.tenants.values()) == cls.in_flight
             if adm.queued:  # work-conserving: the first class queued has no free slot
                 top = min(t.priority for t in live if t.state == HELD)
-                assert adm.dispatched >= adm._gate(top)
+                assert adm.dispatched >= adm._gate(top, w.clock())
         for t in list(live):
             w.adm.release(t)
         assert (w.adm.in_flight, w.adm.dispatched, w.adm.queued) == (0, 0, 0)
 
     asyncio.run(run())
+
+
+async def test_a_full_kv_cache_counts_the_workers_queue_as_waiting():
+    w = Worker(slots=1, waiting=4)
+    w.adm.config.kv_high_watermark = 0.9
+    w.start(), w.start()  # one running, one queued in the worker (the engine's queue: 0)
+    w.stats = EngineStats(max_running=1, kv_cache_usage=0.95, waiting=0)
+    with pytest.raises(Overloaded, match="KV cache is full"):
+        w.start(HIGH)
+    assert w.displaced == []  # a full KV cache refuses every class alike
+
+
+async def test_a_headroom_never_leaves_a_class_without_a_slot():
+    w = Worker(slots=2, waiting=4, headroom=2)  # 2 slots, and 2 kept per class above
+    high = w.start(HIGH)
+    low = [w.start(LOW) for _ in range(2)]
+    assert [t.state for t in low] == [HELD, HELD]
+    w.adm.release(high)  # both slots idle, high still in use: low gets one, not none
+    assert [t.state for t in low] == [DISPATCHED, HELD]
+
+
+async def test_a_draining_worker_refuses_what_is_still_queued():
+    w = Worker(slots=1, waiting=3)
+    running = w.start(NORMAL, "a")
+    queued = [w.start(NORMAL, "a"), w.start(LOW, "b"), w.start(HIGH, "c")]
+    err = Overloaded("draining")  # any error: the server passes UNAVAILABLE
+    assert w.adm.refuse_queued(err) == 3
+    assert sorted(t.priority for t, e in w.displaced if e is err) == [HIGH, NORMAL, LOW]
+    assert all(t.turn.done() for t in queued)
+    assert (w.adm.in_flight, w.adm.dispatched, w.adm.queued) == (1, 1, 0)
+    assert w.adm.displaced_total == 0  # not counted as displacements for overload
+    w.adm.release(running)
+    assert (w.adm.in_flight, w.adm.dispatched) == (0, 0)
