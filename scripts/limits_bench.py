@@ -10,9 +10,10 @@ rounds, each edge in turn gets `--concurrency` clients sending non-streamed chat
 completions (2 tokens) for `--seconds`; it reports requests/s, the client's p50/p99
 latency, and the CPU time per request of the edge process and of redis-server (from
 /proc, over the drive). The Redis edge's difference is the cost of the store's round
-trips (rate take, lease acquire and release, token reserve and settle: five Lua calls
-or commands per generation) plus its background work (control watch, canary-window
-flushes). Medians over the rounds are the summary.
+trips (three Lua calls per generation: the rate's token with the stream lease, the
+token reserve, the lease's release with the token settlement; five before 0b44052)
+plus its background work (control watch, canary-window flushes). Medians over the
+rounds are the summary.
 
 Results: scripts/results/limits.{json,md} (or --out DIR), with the command and commit.
 Traffic goes to 127.0.0.1 only, bounded by --seconds x --rounds.

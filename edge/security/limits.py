@@ -19,6 +19,11 @@ minute, prompt size; kept in a store so that they hold for the whole fleet.
   with Retry-After from the bucket. A generation whose usage is unknown at its end (the
   client left mid-stream, a browser stream detached) keeps its reservation.
 
+Store calls per generation, with every limit on: one at admission (the rate's token,
+then the slot: `Store.admit`; a refused slot keeps the token spent, the rate counting
+every request), one for the reservation once the body is parsed, one at the end (the
+slot's release with the settlement: `Store.finish`). A limit that is off costs none.
+
 The prompt's size (`--max-prompt-chars`) is checked with the request's other fields
 (`edge.api`); the body itself is bounded by `--max-body-bytes` (413).
 
@@ -34,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import math
 import secrets
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,97 +139,57 @@ class LimitsMiddleware:
             await self.app(scope, receive, send)
             return
         generation = scope["path"] in GENERATION_PATHS
-        lease = ""
+        lease = secrets.token_hex(8) if self.limits.max_streams and generation else ""
         try:
-            if self.rate > 0:
-                wait = await self.store.take(f"rate:{caller}", self.rate, self.burst)
-                if wait > 0:
-                    self.rejections["rate_limit"] += 1
-                    await error_response(rate_limited(wait))(scope, receive, send)
-                    return
-            if self.limits.max_streams and generation:
-                lease = secrets.token_hex(8)
-                limit = self.limits.max_streams
-                if not await self.store.acquire(f"streams:{caller}", lease, limit, LEASE_TTL_S):
-                    self.rejections["concurrency"] += 1
-                    await error_response(too_many_streams(limit))(scope, receive, send)
-                    return
+            refusal = await self._admit(caller, lease)
         except StoreUnavailable as exc:
             self.rejections["store_unavailable"] += 1
-            await error_response(store_down(exc))(scope, receive, send)
+            refusal = store_down(exc)
+        if refusal is not None:
+            await error_response(refusal)(scope, receive, send)
             return
-        if self.limits.tpm and generation:
-            rec.reserve = self._reserver(rec, caller)
-        if not lease:
+        tpm = bool(self.limits.tpm and generation)
+        if not lease and not tpm:
             await self.app(scope, receive, send)
             return
-        release_now = self._slot(rec, caller, lease)
+        end = _End(self, rec, caller, lease)
+        if tpm:
+            rec.reserve = end.reserve
+        if lease:
+            rec.keep_slot = end.keep
         # Free the slot as the last byte goes out, not when the app returns (it may still
         # wait for the RPC's status): a client that reads the end and sends its next
         # request at once must find the slot free.
-        rec.on_complete.append(release_now)
+        rec.on_complete.append(end)
         try:
             await self.app(scope, receive, send)
         finally:
-            release_now()
+            end.release_now()
 
-    def _slot(self, rec: RequestRecord, caller: str, lease: str) -> Callable[[], None]:
-        """The slot's release unless a detached generation kept it (`rec.keep_slot`)."""
-        held = True
-        kept = False
+    async def _admit(self, caller: str, lease: str) -> ApiError | None:
+        """Take the request's rate token and, for a generation, its stream slot (one
+        store call when both limits are on, none when neither is); the refusal, if any.
+        A refused slot keeps the token spent: the rate counts every request."""
+        wait, held = 0.0, True
+        limit = self.limits.max_streams
+        rate_key, slots = f"rate:{caller}", f"streams:{caller}"
+        if self.rate > 0 and lease:
+            wait, held = await self.store.admit(
+                rate_key, self.rate, self.burst, slots, lease, limit, LEASE_TTL_S
+            )
+        elif self.rate > 0:
+            wait = await self.store.take(rate_key, self.rate, self.burst)
+        elif lease:
+            held = await self.store.acquire(slots, lease, limit, LEASE_TTL_S)
+        if wait > 0:
+            self.rejections["rate_limit"] += 1
+            return rate_limited(wait)
+        if not held:
+            self.rejections["concurrency"] += 1
+            return too_many_streams(limit)
+        return None
 
-        def release() -> None:
-            nonlocal held
-            if held:
-                held = False
-                self._spawn(self.store.release(f"streams:{caller}", lease))
-
-        def release_now() -> None:
-            if not kept:
-                release()
-
-        def keep() -> Callable[[], None]:
-            """The slot outlives this request (a detached generation holds it): the
-            caller releases it with what this returns."""
-            nonlocal kept
-            kept = True
-            return release
-
-        rec.keep_slot = keep
-        return release_now
-
-    def _reserver(self, rec: RequestRecord, caller: str) -> Callable[[int], Awaitable[None]]:
-        """What `edge.api` calls with a generation's most tokens, once it is parsed."""
-        tpm = self.limits.tpm
-        rate = tpm / 60.0
-        key = f"tpm:{caller}"
-
-        async def reserve(tokens: int) -> None:
-            cost = float(min(tokens, tpm))  # more than a minute's worth: one full bucket
-            try:
-                wait = await self.store.take(key, rate, tpm, cost)
-            except StoreUnavailable as exc:
-                self.rejections["store_unavailable"] += 1
-                raise store_down(exc) from None
-            if wait > 0:
-                self.rejections["tokens"] += 1
-                raise tokens_limited(wait, tpm)
-
-            def settle() -> None:
-                if rec.completion_tokens is not None:
-                    used = (rec.prompt_tokens or 0) + rec.completion_tokens
-                elif rec.status >= 400:
-                    used = 0  # refused or failed before generating: all back
-                else:
-                    return  # unknown (left mid-stream, detached): the reservation stands
-                if used != cost:
-                    self._spawn(self.store.take(key, rate, tpm, used - cost, force=True))
-
-            rec.on_complete.append(settle)
-
-        return reserve
-
-    def _spawn(self, op: Coroutine[Any, Any, object]) -> None:
+    def spawn(self, op: Coroutine[Any, Any, object]) -> None:
         task = asyncio.get_running_loop().create_task(op)
         self._tasks.add(task)
         task.add_done_callback(self._done)
@@ -233,3 +198,80 @@ class LimitsMiddleware:
         self._tasks.discard(task)
         if not task.cancelled():
             task.exception()  # a failed release lapses by its ttl; settlements are best effort
+
+
+class _End:
+    """What a generation gives back: its stream slot (`lease`, unless a detached
+    generation keeps it) and the difference between its tokens' reservation and its
+    usage. Called when the response ends (`rec.on_complete`), with one store call for
+    both when both apply."""
+
+    __slots__ = ("caller", "kept", "lease", "limits", "rec", "reserved")
+
+    def __init__(
+        self, limits: LimitsMiddleware, rec: RequestRecord, caller: str, lease: str
+    ) -> None:
+        self.limits = limits
+        self.rec = rec
+        self.caller = caller
+        self.lease = lease  # "" once released (or when there is no slot)
+        self.kept = False
+        self.reserved = 0.0  # tokens reserved (0: none)
+
+    async def reserve(self, tokens: int) -> None:
+        """What `edge.api` calls with a generation's most tokens, once it is parsed."""
+        tpm = self.limits.limits.tpm
+        cost = float(min(tokens, tpm))  # more than a minute's worth: one full bucket
+        try:
+            wait = await self.limits.store.take(f"tpm:{self.caller}", tpm / 60.0, tpm, cost)
+        except StoreUnavailable as exc:
+            self.limits.rejections["store_unavailable"] += 1
+            raise store_down(exc) from None
+        if wait > 0:
+            self.limits.rejections["tokens"] += 1
+            raise tokens_limited(wait, tpm)
+        self.reserved = cost
+
+    def settlement(self) -> float:
+        """Tokens to take (negative: give back) at the end; 0: nothing to settle."""
+        rec = self.rec
+        if not self.reserved:
+            return 0.0
+        if rec.completion_tokens is not None:
+            used = (rec.prompt_tokens or 0) + rec.completion_tokens
+        elif rec.status >= 400:
+            used = 0  # refused or failed before generating: all back
+        else:
+            return 0.0  # unknown (left mid-stream, detached): the reservation stands
+        return used - self.reserved
+
+    def __call__(self) -> None:
+        owed = self.settlement()
+        self.reserved = 0.0  # settled once
+        lease = "" if self.kept else self.lease
+        tpm = self.limits.limits.tpm
+        store, spawn = self.limits.store, self.limits.spawn
+        if lease and owed:
+            self.lease = ""
+            slots, bucket = f"streams:{self.caller}", f"tpm:{self.caller}"
+            spawn(store.finish(slots, lease, bucket, tpm / 60.0, tpm, owed))
+        elif owed:
+            spawn(store.take(f"tpm:{self.caller}", tpm / 60.0, tpm, owed, force=True))
+        else:
+            self.release_now()
+
+    def release(self) -> None:
+        if self.lease:
+            lease, self.lease = self.lease, ""
+            self.limits.spawn(self.limits.store.release(f"streams:{self.caller}", lease))
+
+    def release_now(self) -> None:
+        """The slot's release unless a detached generation kept it."""
+        if not self.kept:
+            self.release()
+
+    def keep(self) -> Callable[[], None]:
+        """The slot outlives this request (a detached generation holds it): the caller
+        releases it with what this returns."""
+        self.kept = True
+        return self.release

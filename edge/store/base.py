@@ -8,6 +8,9 @@ shared one fails):
   being the store's own (one clock for every replica);
 - leases (`acquire` / `release`): a key's generations in flight, each lease expiring
   unless its holder renews it, so a crashed edge frees its slots by itself;
+- a generation's two ends, each one step where both limits apply (one round trip to a
+  shared store instead of two): `admit` (a request's token, then its slot) and `finish`
+  (its slot's release and its tokens' settlement);
 - session pins (`get_pin` / `put_pin`): the pool a header or `user` session stays on
   (`edge.upstream.sessions.SessionStore`).
 
@@ -46,6 +49,23 @@ class Store(Protocol):
 
     async def release(self, key: str, lease: str) -> None:
         """Let lease `lease` of `key` go (nothing if it is not held)."""
+        ...
+
+    async def admit(
+        self, bucket: str, rate: float, burst: float, key: str, lease: str, limit: int, ttl_s: float
+    ) -> tuple[float, bool]:
+        """`take(bucket, rate, burst)` and, only if that took the token, `acquire(key,
+        lease, limit, ttl_s)`, as one atomic step. Returns (the take's wait, whether the
+        lease is held): (> 0, False) refused by the rate, nothing taken and no lease
+        tried; (0, False) refused by the slots, the token stays spent (the rate counts
+        every request, refused ones included); (0, True) admitted."""
+        ...
+
+    async def finish(
+        self, key: str, lease: str, bucket: str, rate: float, burst: float, cost: float
+    ) -> None:
+        """`release(key, lease)` and `take(bucket, rate, burst, cost, force=True)` (a
+        settlement) as one step."""
         ...
 
     async def get_pin(self, key: str, ttl_s: float) -> str | None:

@@ -110,6 +110,39 @@ class Guarded:
         except StoreUnavailable as exc:
             self._down(exc)  # it lapses by its ttl
 
+    async def admit(
+        self, bucket: str, rate: float, burst: float, key: str, lease: str, limit: int, ttl_s: float
+    ) -> tuple[float, bool]:
+        if self.up:
+            try:
+                return await self.shared.admit(bucket, rate, burst, key, lease, limit, ttl_s)
+            except StoreUnavailable as exc:
+                self._down(exc)
+        self.fallbacks += 1
+        if not self.fail_open:
+            raise self._refuse()
+        wait, held = await self.local.admit(bucket, rate, burst, key, lease, limit, ttl_s)
+        if held:
+            self._local_leases.add((key, lease))
+        return wait, held
+
+    async def finish(
+        self, key: str, lease: str, bucket: str, rate: float, burst: float, cost: float
+    ) -> None:
+        if self.up and (key, lease) not in self._local_leases:
+            try:
+                await self.shared.finish(key, lease, bucket, rate, burst, cost)
+                return
+            except StoreUnavailable as exc:
+                self._down(exc)  # the lease lapses by its ttl; the settlement stays local
+                self.fallbacks += 1
+                await self.local.take(bucket, rate, burst, cost, force=True)
+                return
+        # A local lease, or the shared store down: each part where `release` and
+        # `take` send it.
+        await self.release(key, lease)
+        await self.take(bucket, rate, burst, cost, force=True)
+
     async def get_pin(self, key: str, ttl_s: float) -> str | None:
         if self.up:
             try:

@@ -73,6 +73,21 @@ class MemoryStore:
             if not held:
                 del self.leases[key]
 
+    async def admit(
+        self, bucket: str, rate: float, burst: float, key: str, lease: str, limit: int, ttl_s: float
+    ) -> tuple[float, bool]:
+        # No await in between that could yield: one step for this process's other tasks.
+        wait = await self.take(bucket, rate, burst)
+        if wait > 0:
+            return wait, False
+        return 0.0, await self.acquire(key, lease, limit, ttl_s)
+
+    async def finish(
+        self, key: str, lease: str, bucket: str, rate: float, burst: float, cost: float
+    ) -> None:
+        await self.release(key, lease)
+        await self.take(bucket, rate, burst, cost, force=True)
+
     def held(self, key: str) -> int:
         """Leases of `key` held now (tests, metrics)."""
         return len(self.leases.get(key, ()))

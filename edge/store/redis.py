@@ -9,6 +9,9 @@ one for the fleet:
 - `acquire`: a sorted set of lease ids scored by their expiry; lapsed ones are dropped
   before counting. This process renews the leases it holds every third of their ttl,
   so a stream lasts as long as it runs while a crashed edge's slots free themselves.
+- `admit` and `finish`: a generation's two ends in one script each (a request's token
+  then its slot; its slot's release and its tokens' settlement), one round trip
+  instead of two. Like the renewals, they need every key on one server (no cluster).
 - pins: plain keys with a ttl (`GETEX` renews on use).
 
 Errors are not handled here: a connection refused, a timeout or a Redis error raises
@@ -35,44 +38,92 @@ from edge.store.base import StoreUnavailable
 log = logging.getLogger("sluice.edge")
 T = TypeVar("T")
 
-# KEYS[1] bucket; ARGV rate, burst, cost, force (1/0). Returns the wait (s) as a string
-# (Lua numbers come back as integers otherwise).
-TAKE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local rate, burst = tonumber(ARGV[1]), tonumber(ARGV[2])
-local cost, force = tonumber(ARGV[3]), ARGV[4] == '1'
-local v = redis.call('HMGET', KEYS[1], 'tokens', 'stamp')
-local tokens, stamp = tonumber(v[1]), tonumber(v[2])
-if tokens == nil or stamp == nil then
-  tokens = burst
-else
-  tokens = math.min(burst, tokens + math.max(0, now - stamp) * rate)
+# The scripts share these Lua functions (each script is a few lines over them).
+# `clock`: Redis's time in seconds (buckets) and whole ms (lease expiries).
+# `take`: the bucket `key` (`tokens`, `stamp`) refilled to `now`, then `cost` taken if
+# there (or `force`); returns the wait (0 when taken). The hash expires once it would
+# be full again.
+# `acquire`: the lease set `key` without its lapsed leases; holds `lease` (expiring at
+# now + ttl ms) if it is held already or fewer than `limit` are; returns 1 held, 0 full.
+LIB = """
+local function clock()
+  local t = redis.call('TIME')
+  local s, us = tonumber(t[1]), tonumber(t[2])
+  return s + us / 1000000, s * 1000 + math.floor(us / 1000)
 end
-local wait = 0
-if force or tokens >= cost then
-  tokens = math.min(burst, tokens - cost)
-else
-  wait = (cost - tokens) / rate
+local function take(key, now, rate, burst, cost, force)
+  local v = redis.call('HMGET', key, 'tokens', 'stamp')
+  local tokens, stamp = tonumber(v[1]), tonumber(v[2])
+  if tokens == nil or stamp == nil then
+    tokens = burst
+  else
+    tokens = math.min(burst, tokens + math.max(0, now - stamp) * rate)
+  end
+  local wait = 0
+  if force or tokens >= cost then
+    tokens = math.min(burst, tokens - cost)
+  else
+    wait = (cost - tokens) / rate
+  end
+  redis.call('HSET', key, 'tokens', tostring(tokens), 'stamp', tostring(now))
+  redis.call('PEXPIRE', key, math.ceil((burst - tokens) / rate * 1000) + 1000)
+  return wait
 end
-redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'stamp', tostring(now))
-redis.call('PEXPIRE', KEYS[1], math.ceil((burst - tokens) / rate * 1000) + 1000)
-return tostring(wait)
+local function acquire(key, now_ms, lease, limit, ttl)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now_ms)
+  if not redis.call('ZSCORE', key, lease) then
+    if redis.call('ZCARD', key) >= limit then return 0 end
+  end
+  redis.call('ZADD', key, now_ms + ttl, lease)
+  redis.call('PEXPIRE', key, ttl * 2)
+  return 1
+end
 """
 
+# KEYS[1] bucket; ARGV rate, burst, cost, force (1/0). Returns the wait (s) as a string
+# (Lua numbers come back as integers otherwise).
+TAKE = (
+    LIB
+    + """
+local now = clock()
+local rate, burst, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+return tostring(take(KEYS[1], now, rate, burst, cost, ARGV[4] == '1'))
+"""
+)
+
 # KEYS[1] leases; ARGV lease, limit, ttl_ms. Returns 1 when held, 0 when full.
-ACQUIRE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ttl = tonumber(ARGV[3])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
-  if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
-end
-redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
-redis.call('PEXPIRE', KEYS[1], ttl * 2)
+ACQUIRE = (
+    LIB
+    + """
+local _, now_ms = clock()
+return acquire(KEYS[1], now_ms, ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]))
+"""
+)
+
+# KEYS[1] bucket, KEYS[2] leases; ARGV rate, burst, lease, limit, ttl_ms. One token,
+# then the lease only if the token was there (a full set keeps the token spent, as a
+# take and then an acquire would). Returns {wait as a string, 1 held / 0 not}.
+ADMIT = (
+    LIB
+    + """
+local now, now_ms = clock()
+local wait = take(KEYS[1], now, tonumber(ARGV[1]), tonumber(ARGV[2]), 1, false)
+if wait > 0 then return {tostring(wait), 0} end
+return {'0', acquire(KEYS[2], now_ms, ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]))}
+"""
+)
+
+# KEYS[1] leases, KEYS[2] bucket; ARGV lease, rate, burst, cost. Lets the lease go and
+# takes `cost` by force (a settlement: negative gives back). Returns 1.
+FINISH = (
+    LIB
+    + """
+redis.call('ZREM', KEYS[1], ARGV[1])
+local now = clock()
+take(KEYS[2], now, tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), true)
 return 1
 """
+)
 
 # KEYS the lease sets; ARGV[1] ttl_ms, then one lease per key. Renews those still held.
 RENEW = """
@@ -103,6 +154,8 @@ class RedisStore:
         )
         self._take = self.client.register_script(TAKE)
         self._acquire = self.client.register_script(ACQUIRE)
+        self._admit = self.client.register_script(ADMIT)
+        self._finish = self.client.register_script(FINISH)
         self._renew = self.client.register_script(RENEW)
         self.held: dict[tuple[str, str], float] = {}  # (key, lease) -> ttl_s, renewed here
         self._renewer: asyncio.Task[None] | None = None
@@ -140,6 +193,25 @@ class RedisStore:
     async def release(self, key: str, lease: str) -> None:
         self.held.pop((key, lease), None)
         await self.call(self.client.zrem(self.key("leases", key), lease))
+
+    async def admit(
+        self, bucket: str, rate: float, burst: float, key: str, lease: str, limit: int, ttl_s: float
+    ) -> tuple[float, bool]:
+        keys = [self.key("bucket", bucket), self.key("leases", key)]
+        args: list[Any] = [repr(rate), repr(burst), lease, limit, max(1, int(ttl_s * 1000))]
+        wait, held = await self.call(self._admit(keys=keys, args=args))
+        if held:
+            self.held[(key, lease)] = ttl_s
+            self._start_renewer(ttl_s)
+        return float(wait), bool(held)
+
+    async def finish(
+        self, key: str, lease: str, bucket: str, rate: float, burst: float, cost: float
+    ) -> None:
+        self.held.pop((key, lease), None)
+        keys = [self.key("leases", key), self.key("bucket", bucket)]
+        args: list[Any] = [lease, repr(rate), repr(burst), repr(cost)]
+        await self.call(self._finish(keys=keys, args=args))
 
     async def get_pin(self, key: str, ttl_s: float) -> str | None:
         pool = await self.call(self.client.getex(self.key("pin", key), px=int(ttl_s * 1000)))

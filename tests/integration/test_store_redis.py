@@ -1,16 +1,23 @@
 """The shared store against a real redis-server: atomic buckets and leases across
-clients (each client stands for an edge process), pins, and the failure modes with the
-server stopped and started again."""
+clients (each client stands for an edge process), a generation's two combined steps
+(`admit`, `finish`: the same contract in memory and in Redis), pins, the failure modes
+with the server stopped and started again, and the store calls the limits make per
+request."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Iterator
+from collections import defaultdict
+from collections.abc import AsyncIterator, Iterator, Sequence
 
 import pytest
 
 from edge.config import RoutingConfig
+from edge.obs.metrics import Metrics
+from edge.obs.record import ObsMiddleware, record_of
+from edge.security.limits import Limits, LimitsMiddleware
 from edge.store.base import StoreUnavailable
 from edge.store.control import Control
 from edge.store.guarded import Guarded
@@ -115,6 +122,219 @@ async def test_a_held_lease_is_renewed_and_a_dead_holders_lapses(server, request
             await asyncio.sleep(0.02)
     finally:
         await close(other)
+
+
+@contextlib.asynccontextmanager
+async def two_processes(kind: str, server: RedisServer, prefix: str) -> AsyncIterator[list]:
+    """Two stores sharing their state: one MemoryStore seen twice (two tasks of one
+    process), or two Redis clients (two processes)."""
+    if kind == "memory":
+        store = MemoryStore(60, 100)
+        yield [store, store]
+        return
+    stores = clients(server, 2, prefix)
+    try:
+        yield stores
+    finally:
+        await close(*stores)
+
+
+KINDS = pytest.mark.parametrize("kind", ["memory", "redis"])
+
+
+@KINDS
+async def test_admit_takes_the_token_then_the_slot_and_a_full_set_keeps_the_token_spent(
+    kind, server, request
+):
+    async with two_processes(kind, server, request.node.name) as (a, b):
+        rate, burst = 0.01, 3.0  # 3 tokens, then one per 100 s
+        assert await a.admit("r", rate, burst, "s", "x", 1, 30) == (0.0, True)
+        assert await b.admit("r", rate, burst, "s", "y", 1, 30) == (0.0, False)  # slots full
+        await a.release("s", "x")
+        assert await b.admit("r", rate, burst, "s", "z", 1, 30) == (0.0, True)  # 3rd token
+        # y's refusal spent its token (as a take then an acquire would): no 4th one.
+        wait, held = await a.admit("r", rate, burst, "s", "w", 1, 30)
+        assert not held and wait == pytest.approx(1 / rate, rel=0.01)  # the Retry-After
+        await b.release("s", "z")
+        wait, held = await a.admit("r", rate, burst, "s", "v", 1, 30)
+        assert wait > 0 and not held
+        # Refused by the rate: no lease was tried, the set is empty.
+        assert await b.acquire("s", "u", 1, 30) is True
+        assert await a.acquire("s", "v", 1, 30) is False
+
+
+@KINDS
+async def test_admit_is_one_atomic_step_across_processes(kind, server, request):
+    async with two_processes(kind, server, request.node.name) as (a, b):
+        tries = [(s, f"{i}-{j}") for i, s in enumerate((a, b)) for j in range(20)]
+        got = await asyncio.gather(
+            *(s.admit("rate:k", 5.0, 10.0, "streams:k", lease, 4, 30) for s, lease in tries)
+        )
+        assert sum(wait == 0 for wait, _ in got) == 10  # the burst, exactly
+        assert sum(held for _, held in got) == 4  # the slots, exactly
+        assert all(not held for wait, held in got if wait > 0)
+        assert await a.acquire("streams:k", "another", 4, 30) is False
+
+
+@KINDS
+async def test_finish_releases_the_slot_and_settles_the_tokens_in_one_step(kind, server, request):
+    async with two_processes(kind, server, request.node.name) as (a, b):
+        rate, burst = 100 / 60, 100.0  # 100 tokens a minute
+        assert await a.acquire("s", "x", 1, 30)
+        assert await a.take("tpm", rate, burst, 80) == 0  # reserve 80
+        await a.finish("s", "x", "tpm", rate, burst, -70)  # used 10: 70 back
+        if kind == "redis":
+            assert ("s", "x") not in a.held  # no longer renewed
+        assert await b.acquire("s", "y", 1, 30) is True  # the slot is free
+        assert await b.take("tpm", rate, burst, 90) == 0  # 20 + 70
+        assert await b.take("tpm", rate, burst, 1) > 0
+        await b.finish("s", "y", "tpm", rate, burst, 50)  # used 50 beyond: a debt
+        assert await a.acquire("s", "z", 1, 30) is True
+        assert await a.take("tpm", rate, burst, 1) == pytest.approx(51 / rate, rel=0.05)
+        await a.finish("s", "not-held", "tpm", rate, burst, 0)  # an unknown lease: nothing
+        assert await b.acquire("s", "w", 1, 30) is False
+
+
+@pytest.mark.parametrize("fail_open", [True, False], ids=["open", "closed"])
+async def test_admit_and_finish_fail_by_mode_and_recover(fail_open, request):
+    with redis_server() as srv:
+        shared = RedisStore(srv.url, 0.25, request.node.name)
+        store = Guarded(shared, MemoryStore(60, 100), fail_open=fail_open, retry_s=0.2)
+        tpm = (1.0, 100.0)
+        try:
+            assert await store.admit("r", 1.0, 5.0, "s", "a", 1, 30) == (0.0, True)
+            assert await store.take("tpm", *tpm, 50) == 0
+            srv.stop()
+            t0 = time.monotonic()
+            # A Redis lease finished while Redis fails: no error; the lease lapses by its
+            # ttl, the settlement goes to this process's bucket.
+            await store.finish("s", "a", "tpm", *tpm, -50)
+            assert not store.up and (store.failures, store.fallbacks) == (1, 1)
+            if fail_open:  # this process's own buckets and slots
+                assert await store.admit("r", 1.0, 5.0, "s", "b", 1, 30) == (0.0, True)
+                assert await store.admit("r", 1.0, 5.0, "s", "c", 1, 30) == (0.0, False)
+                assert store.local.held("s") == 1
+                await store.finish("s", "b", "tpm", *tpm, 5)  # released where it was taken
+                assert store.local.held("s") == 0
+                assert await store.take("tpm", *tpm, 96) > 0  # 100 - 5 left locally
+            else:
+                with pytest.raises(StoreUnavailable) as err:
+                    await store.admit("r", 1.0, 5.0, "s", "b", 1, 30)
+                assert 0 < err.value.retry_after_s <= 0.2
+                await store.finish("s", "b", "tpm", *tpm, 5)  # nothing to refuse
+            assert time.monotonic() - t0 < 1.0  # no hang
+
+            srv.start()  # an empty Redis on the same port
+            t_up = time.monotonic()
+            for n in range(1000):  # admitted by Redis again (a new lease each try)
+                before, lease = store.fallbacks, f"z{n}"
+                with contextlib.suppress(StoreUnavailable):  # closed, until its retry
+                    got = await store.admit("r2", 0.001, 100.0, "s2", lease, 1, 30)
+                    if store.fallbacks == before and got == (0.0, True):
+                        break
+                assert time.monotonic() - t_up < 2.0, "not admitted by Redis within 2 s"
+                await asyncio.sleep(0.05)
+            check = RedisStore(srv.url, 1.0, request.node.name)
+            try:
+                assert await check.acquire("s2", "other", 1, 30) is False  # it is in Redis
+                await store.finish("s2", lease, "tpm", *tpm, 1)
+                assert await check.acquire("s2", "other", 1, 30) is True
+            finally:
+                await check.close()
+        finally:
+            await store.close()
+
+
+async def ok_app(scope, receive, send) -> None:
+    """A generation: reserves its tokens when a limit asks, uses 10, answers 200."""
+    rec = record_of(scope)
+    if rec.reserve is not None:
+        await rec.reserve(100)
+    rec.prompt_tokens, rec.completion_tokens = 3, 7
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"{}"})
+
+
+async def store_calls(
+    store: RedisStore, limits: Limits, callers: Sequence[str]
+) -> tuple[list[str], list[int]]:
+    """Each caller's generation through the limits (their last byte sent, their releases
+    and settlements done): the commands they sent Redis, oldest first (scripts by name),
+    and their statuses."""
+    rejections: defaultdict[str, int] = defaultdict(int)
+    mw = LimitsMiddleware(ok_app, limits, store, rejections)  # type: ignore[arg-type]
+    statuses = []
+    for caller in callers:
+
+        async def as_caller(scope, receive, send, caller=caller) -> None:
+            record_of(scope).caller = caller  # what authentication sets
+            await mw(scope, receive, send)
+
+        app = ObsMiddleware(as_caller, Metrics(), ["/v1/chat/completions"], access_log=False)
+        scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions"}
+        sent = []
+
+        async def send(message, sent=sent) -> None:
+            sent.append(message)
+
+        await app(scope, None, send)  # type: ignore[arg-type]
+        statuses.append(sent[0]["status"])
+        if mw._tasks:  # releases and settlements run after the last byte
+            await asyncio.wait(set(mw._tasks), timeout=2)
+        assert not mw._tasks
+    names = {s.sha: n for n, s in (("take", store._take), ("acquire", store._acquire))}
+    names |= {store._admit.sha: "admit", store._finish.sha: "finish"}
+    # Entries: id, time, duration, args, client address ("?:0" inside a script), name.
+    log = await store.client.execute_command("SLOWLOG", "GET", "1000")
+    ours = [e[3] for e in reversed(log) if e[4] != "?:0" and f"{store.prefix}:" in str(e[3])]
+    calls = [f"{c[0]} {names.get(c[1], c[1])}" if c[0] == "EVALSHA" else c[0] for c in ours]
+    return calls, statuses
+
+
+@pytest.mark.parametrize(
+    "limits, calls",
+    [
+        (Limits(10.0, 10, 2, 1000), ["EVALSHA admit", "EVALSHA take", "EVALSHA finish"]),
+        (Limits(10.0, 10, 0, 0), ["EVALSHA take"]),
+        (Limits(0, 0, 2, 0), ["EVALSHA acquire", "ZREM"]),
+        (Limits(0, 0, 0, 1000), ["EVALSHA take", "EVALSHA take"]),
+        (Limits(10.0, 10, 2, 0), ["EVALSHA admit", "ZREM"]),
+        (Limits(), []),
+    ],
+    ids=["every-limit", "rate", "streams", "tpm", "rate-streams", "none"],
+)
+async def test_a_generation_makes_one_store_call_at_each_end(limits, calls, server, request):
+    store = RedisStore(server.url, 1.0, request.node.name)
+    try:
+        await store_calls(store, limits, ["warm"])  # scripts loaded (no NOSCRIPT retry)
+        await store.client.config_set("slowlog-log-slower-than", 0)
+        await store.client.config_set("slowlog-max-len", 1000)
+        await store.client.slowlog_reset()
+        assert await store_calls(store, limits, ["k"]) == (calls, [200])
+        if limits.tpm:  # settled: 100 reserved, 10 used; a minute's 1000 less 10
+            assert await store.take("tpm:k", 1000 / 60, 1000.0, 990) == 0
+            assert await store.take("tpm:k", 1000 / 60, 1000.0, 1) > 0
+        if limits.max_streams:  # the slot is free again
+            assert not await store.client.exists(store.key("leases", "streams:k"))
+    finally:
+        await store.client.config_set("slowlog-log-slower-than", 10000)
+        await store.close()
+
+
+async def test_a_refused_slot_is_one_call_and_spends_the_rate_token(server, request):
+    store = RedisStore(server.url, 1.0, request.node.name)
+    try:
+        await store_calls(store, Limits(0.01, 2, 1, 0), ["warm"])
+        assert await store.acquire("streams:k", "elsewhere", 1, 30)  # k's only slot
+        await store.client.config_set("slowlog-log-slower-than", 0)
+        await store.client.slowlog_reset()
+        got = await store_calls(store, Limits(0.01, 2, 1, 0), ["k"])
+        assert got == (["EVALSHA admit"], [429])  # concurrency_limit_exceeded
+        assert await store.take("rate:k", 0.01, 2.0) == 0  # the 2nd token
+        assert await store.take("rate:k", 0.01, 2.0) > 0  # the refusal spent the 1st
+    finally:
+        await store.client.config_set("slowlog-log-slower-than", 10000)
+        await store.close()
 
 
 async def test_pins_live_from_their_last_use(server, request):
