@@ -7,9 +7,11 @@ in the worker's queue, which is where priority and fair share are decided:
 
 - **Classes** (high, normal, low): the queue dispatches higher classes first. While a
   higher class is in use (a generation of it arrived in the last `RECENT_S`), each lower
-  class is kept `priority_headroom` batch slots and places further from the top, so a
-  high-priority arrival finds a free slot at once instead of waiting for a low one to
-  end. With one class in use nothing is held back.
+  class leaves batch slots and places free for it, so a high-priority arrival finds a
+  free slot at once instead of waiting for a low one to end: `priority_headroom` slots
+  per class above, or by default (auto) as many as it needs to reach one more than the
+  most it held at once lately (its peak over the last one to two `RECENT_S`), at most
+  half the slots in all. With one class in use nothing is held back.
 - **Displacement**: when an arrival finds no place, a queued generation of the lowest
   class below it is refused instead (the newest one of the tenant holding most in that
   class; RESOURCE_EXHAUSTED before its first token), so a lower class is refused first
@@ -96,6 +98,20 @@ class _Class:
     queue: dict[str, deque[Ticket]] = field(default_factory=dict)
     queued: int = 0
     seen: float = -RECENT_S  # the last arrival (monotonic clock)
+    # The most it held at once in this window of `recent_s` and the one before.
+    peak: int = 0
+    peak_before: int = 0
+    peak_since: float = -RECENT_S
+
+    def note_peak(self, now: float, window: float) -> None:
+        if now - self.peak_since >= window:
+            self.peak_before = self.peak if now - self.peak_since < 2 * window else 0
+            self.peak, self.peak_since = self.in_flight, now
+        elif self.in_flight > self.peak:
+            self.peak = self.in_flight
+
+    def recent_peak(self) -> int:
+        return max(self.peak, self.peak_before)
 
 
 class Admission:
@@ -144,19 +160,22 @@ class Admission:
         self.in_flight += 1
         cls.in_flight += 1
         cls.tenants[tenant] = cls.tenants.get(tenant, 0) + 1
+        cls.note_peak(now, self.recent_s)
         return Ticket(priority, tenant)
 
     def _reserve(self, priority: int, now: float) -> int:
         """Places and slots kept for the classes above `priority` that are in use."""
         if priority == HIGH:
             return 0
-        above = sum(1 for c in self._classes[:priority] if now - c.seen < self.recent_s)
-        return above * self.headroom()
-
-    def headroom(self) -> int:
-        if self.config.priority_headroom is not None:
-            return self.config.priority_headroom
-        return max(1, self._slots // 8)
+        above = [c for c in self._classes[:priority] if now - c.seen < self.recent_s]
+        if not above:
+            return 0
+        fixed = self.config.priority_headroom
+        if fixed is not None:
+            return fixed * len(above)
+        # Auto: room for each class above to reach one more than its recent peak.
+        kept = sum(max(1, c.recent_peak() + 1 - c.in_flight) for c in above)
+        return min(kept, self._slots // 2)
 
     def _displace_for(self, priority: int, tenant: str) -> bool:
         """Refuse a queued generation in favour of an arrival: the newest of the lowest

@@ -115,8 +115,8 @@ class AdmissionConfig:
 
     max_waiting: int = 64  # generations admitted beyond the batch slots
     kv_high_watermark: float = 0.98  # refuse while KV use is above this and others wait
-    # Batch slots (and places) kept per higher priority class in use; None: 1/8 of the
-    # batch slots, at least 1.
+    # Batch slots (and places) kept per higher priority class in use; None (auto): what
+    # takes it to one more than its recent peak, at most half the slots in all.
     priority_headroom: int | None = None
 
 
@@ -228,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_non_negative,
         default=None,
         help="batch slots kept for each higher priority class while it is in use "
-        "(default: 1/8 of the batch slots, at least 1)",
+        "(default: auto, room for one more than its recent peak; at most half the slots)",
     )
     p.add_argument("--default-max-tokens", type=int, default=d.engine.default_max_tokens)
     p.add_argument(

@@ -19,8 +19,8 @@ high), `batch` (low), `tenant-a` and `tenant-b` (normal). Every phase is open-lo
 4. `unloaded`: the probes alone, as high: the reference TTFT.
 5. `flood`: the low flood again, probes as high. Goal: every probe admitted, p99 TTFT
    within 1.5x of `unloaded`'s.
-6. `flood_default_headroom`: the same with the worker's default headroom (1/8 of the
-   slots): what fewer slots held back gives the low class, and costs the probes.
+6. `flood_auto_headroom`: the same with the worker's default, automatic headroom (room
+   for high to reach one more than its recent peak): no tuning.
 
 Each phase runs on a fresh worker and edge, so no class is in use when it starts.
 
@@ -166,12 +166,16 @@ async def phase(
     return out
 
 
-def start_stack(args: argparse.Namespace, keys_file: Path, headroom: int) -> tuple[Proc, Proc]:
-    """A fresh sim worker (no class in use yet) and an edge in front of it."""
+def start_stack(
+    args: argparse.Namespace, keys_file: Path, headroom: int | None
+) -> tuple[Proc, Proc]:
+    """A fresh sim worker (no class in use yet) and an edge in front of it; headroom
+    None: the worker's automatic one."""
+    fixed = [] if headroom is None else ["--priority-headroom", str(headroom)]
     worker = start_worker(
         "--engine", "sim", "--sim-ttft", str(args.ttft), "--sim-token-delay",
         str(args.token_delay), "--max-num-seqs", str(args.slots), "--max-waiting",
-        str(args.slots), "--priority-headroom", str(headroom),
+        str(args.slots), *fixed,
     )  # fmt: skip
     try:
         edge = start_edge(
@@ -190,7 +194,7 @@ def run(args: argparse.Namespace, keys_file: Path, capacity: float) -> dict[str,
     """Each phase on its own fresh stack: which classes are in use starts empty."""
     low = {"x-sluice-priority": "low"}
     flood = [("batch", 3 * capacity, {}), ("interactive", args.probe_rate, {})]
-    plan: list[tuple[str, int, list[tuple[str, float, dict[str, str]]]]] = [
+    plan: list[tuple[str, int | None, list[tuple[str, float, dict[str, str]]]]] = [
         ("fair_equal", args.headroom,
          [("tenant-a", 1.5 * capacity, {}), ("tenant-b", 1.5 * capacity, {})]),
         ("fair_unequal", args.headroom,
@@ -199,14 +203,14 @@ def run(args: argparse.Namespace, keys_file: Path, capacity: float) -> dict[str,
          [("batch", 3 * capacity, {}), ("interactive", args.probe_rate, low)]),
         ("unloaded", args.headroom, [("interactive", args.probe_rate, {})]),
         ("flood", args.headroom, flood),
-        ("flood_default_headroom", max(1, args.slots // 8), flood),
+        ("flood_auto_headroom", None, flood),
     ]  # fmt: skip
     phases = {}
     for name, headroom, streams in plan:
         worker, edge = start_stack(args, keys_file, headroom)
         try:
             phases[name] = asyncio.run(phase(f"http://{edge.address}", args, streams))
-            phases[name]["headroom"] = headroom
+            phases[name]["headroom"] = "auto" if headroom is None else headroom
         finally:
             edge.kill()
             worker.kill()
@@ -229,11 +233,18 @@ def verdicts(phases: dict[str, Any]) -> dict[str, Any]:
         "high_p99_ttft_ratio_flood_vs_unloaded": None if ratio is None else round(ratio, 2),
         "high_p99_within_1_5x": ratio is not None and ratio <= 1.5,
         "low_completed_per_s_flood": flood_low(phases["flood"]),
-        "low_completed_per_s_flood_default_headroom": flood_low(phases["flood_default_headroom"]),
-        "high_p99_ttft_ms_flood_default_headroom": (
-            phases["flood_default_headroom"]["interactive"]["ttft_p99_ms"]
+        "low_completed_per_s_flood_auto_headroom": flood_low(phases["flood_auto_headroom"]),
+        "high_p99_ttft_ms_flood_auto_headroom": (
+            phases["flood_auto_headroom"]["interactive"]["ttft_p99_ms"]
         ),
+        "high_p99_ratio_auto_headroom": ratio_of(phases, "flood_auto_headroom"),
     }
+
+
+def ratio_of(phases: dict[str, Any], name: str) -> float | None:
+    unloaded = phases["unloaded"]["interactive"]["ttft_p99_ms"]
+    p99 = phases[name]["interactive"]["ttft_p99_ms"]
+    return round(p99 / unloaded, 2) if unloaded and p99 else None
 
 
 def flood_low(phase: dict[str, Any]) -> float:
@@ -263,10 +274,11 @@ def markdown(result: dict[str, Any]) -> str:
         f"{v['high_all_admitted_under_flood']}; high p99 TTFT "
         f"{v['high_p99_ttft_ratio_flood_vs_unloaded']}x the unloaded p99 (goal <= 1.5x): "
         f"{'met' if v['high_p99_within_1_5x'] else 'NOT met'}",
-        f"- the headroom's price: the low class completed {v['low_completed_per_s_flood']}/s "
-        f"with {cfg['headroom']} slots held back, "
-        f"{v['low_completed_per_s_flood_default_headroom']}/s with the default headroom "
-        f"(where the probes' p99 TTFT was {v['high_p99_ttft_ms_flood_default_headroom']} ms)",
+        f"- the default, automatic headroom: high p99 TTFT "
+        f"{v['high_p99_ttft_ms_flood_auto_headroom']} ms "
+        f"({v['high_p99_ratio_auto_headroom']}x unloaded), the low class completing "
+        f"{v['low_completed_per_s_flood_auto_headroom']}/s "
+        f"({v['low_completed_per_s_flood']}/s with {cfg['headroom']} slots held back)",
         "",
         "| phase (headroom) | key | offered /s | sent | completed | 429 | other | served | "
         "done /s | TTFT p50 / p90 / p99 ms |",

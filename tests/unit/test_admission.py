@@ -85,6 +85,31 @@ async def test_a_queue_held_back_by_headroom_moves_when_the_headroom_lapses():
     assert normal.state == DISPATCHED and adm.dispatched == 2
 
 
+async def test_the_auto_headroom_follows_the_higher_class_recent_peak():
+    w = Worker(slots=16, waiting=16)  # no --priority-headroom: auto
+    high = [w.start(HIGH) for _ in range(3)]  # high's peak: 3
+    for t in high:
+        w.adm.release(t)
+    low = [w.start(LOW) for _ in range(16)]
+    # high holds none now: low leaves it 3 + 1 slots (its peak, and one more)
+    assert len(w.running(low)) == 12
+    again = [w.start(HIGH) for _ in range(4)]  # all four find a slot at once
+    assert w.running(again) == again
+    more = w.start(HIGH)  # past its peak + 1: it waits its turn, first in the queue
+    assert more.state == HELD
+    w.clock.t += 2 * RECENT_S + 1  # high gone quiet: nothing held back any more
+    assert w.adm._reserve(LOW, w.clock()) == 0
+
+
+async def test_the_auto_headroom_keeps_at_most_half_the_slots():
+    w = Worker(slots=8, waiting=8)
+    high = [w.start(HIGH) for _ in range(8)]  # a peak of 8
+    for t in high:
+        w.adm.release(t)
+    low = [w.start(LOW) for _ in range(8)]
+    assert len(w.running(low)) == 4
+
+
 async def test_with_one_class_in_use_nothing_is_held_back():
     w = Worker(slots=8, waiting=0)
     w.start(HIGH)
@@ -201,7 +226,12 @@ OPS = st.lists(
 
 
 @settings(max_examples=200, deadline=None)
-@given(ops=OPS, slots=st.integers(1, 6), waiting=st.integers(0, 6), headroom=st.integers(0, 2))
+@given(
+    ops=OPS,
+    slots=st.integers(1, 6),
+    waiting=st.integers(0, 6),
+    headroom=st.one_of(st.none(), st.integers(0, 2)),
+)
 def test_counts_stay_consistent_and_no_slot_idles_while_a_queue_waits(
     ops, slots, waiting, headroom
 ):
