@@ -77,12 +77,32 @@ async def drive(base: str, concurrency: int, seconds: float) -> dict[str, float]
     }
 
 
-def measure(base: str, pids: dict[str, int], args: argparse.Namespace) -> dict[str, float]:
+def commands(url: str) -> int:
+    """Commands redis-server has processed so far (its INFO stats)."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        return int(client.info("stats")["total_commands_processed"])
+    finally:
+        client.close()
+
+
+def measure(
+    base: str, pids: dict[str, int], args: argparse.Namespace, redis_url: str
+) -> dict[str, float]:
     before = {k: cpu_s(p) for k, p in pids.items()}
+    sent = commands(redis_url)
     result = asyncio.run(drive(base, args.concurrency, args.seconds))
     for k, p in pids.items():
         used = cpu_s(p) - before[k]
         result[f"{k}_cpu_us_per_request"] = round(used / max(result["requests"], 1) * 1e6, 1)
+    # Less the INFO call of `commands` itself; an exact count where CPU ticks are coarse
+    # (commands run inside Lua scripts count one each).
+    # It includes the Redis edge's background commands (fleet control, canary windows,
+    # the rollout lease), sent in both edges' windows.
+    done = commands(redis_url) - sent - 1
+    result["redis_commands_per_request"] = round(done / max(result["requests"], 1), 2)
     return result
 
 
@@ -106,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(args.rounds):
                 for name, edge in edges.items():
                     pids = {"edge": edge.pid, "redis": redis.proc.pid}
-                    rounds[name].append(measure(f"http://{edge.address}", pids, args))
+                    base = f"http://{edge.address}"
+                    rounds[name].append(measure(base, pids, args, redis.url))
         finally:
             for edge in edges.values():
                 edge.kill()

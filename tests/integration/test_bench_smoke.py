@@ -154,10 +154,14 @@ def test_the_limits_bench_compares_the_embedded_store_with_redis(tmp_path):
     for r in doc["results"].values():
         assert r["requests"] > 0 and r["non_200"] == 0
         assert r["edge_cpu_us_per_request"] > 0
-    assert (
-        doc["results"]["embedded"]["redis_cpu_us_per_request"]
-        < (doc["results"]["redis"]["redis_cpu_us_per_request"])
-    )  # only the Redis edge's requests cost redis-server work
+    # Only the Redis edge's requests cost redis-server work: three commands a generation
+    # (admit, reserve, finish) on top of what the idle Redis edge sends in the background
+    # in both windows (fleet control, canary windows, the rollout lease). Counted, not
+    # timed: half a second of redis-server CPU is a tick or two.
+    results = doc["results"]
+    extra = results["redis"]["redis_commands_per_request"]
+    extra -= results["embedded"]["redis_commands_per_request"]
+    assert extra > 2, results
     assert set(doc["redis_cost"]) == {
         "p50_ms",
         "edge_cpu_us_per_request",
