@@ -23,12 +23,9 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from edge.store.base import StoreUnavailable
+from edge.store.connection import RedisConnection
 
 log = logging.getLogger("sluice.edge")
 RETRY_S = 0.5
@@ -48,18 +45,11 @@ return v
 """
 
 
-class Control:
+class Control(RedisConnection):
     """The fleet's desired state in Redis (see the module docstring)."""
 
     def __init__(self, url: str, timeout_s: float, prefix: str = "sluice") -> None:
-        self.url = url
-        self.timeout_s = timeout_s
-        self.client: aioredis.Redis = aioredis.Redis.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0),
-        )
+        super().__init__(url, timeout_s)
         self.keys = [f"{prefix}:control:version", f"{prefix}:control:snapshot"]
         self.channel = f"{prefix}:control"
         self._publish = self.client.register_script(PUBLISH)
@@ -70,24 +60,16 @@ class Control:
         """Store `doc` as the fleet's state; its version (StoreUnavailable if Redis fails).
         `expect`: only if the fleet's version is still that one (a compare-and-set: one
         of several processes deciding the same change at once wins), else 0."""
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                cas = "" if expect is None else str(expect)
-                args: list[Any] = [orjson.dumps(doc), self.channel, cas]
-                version = int(await self._publish(keys=self.keys, args=args))
-        except (RedisError, OSError, TimeoutError) as exc:
-            raise StoreUnavailable(f"redis at {self.url}: {exc or type(exc).__name__}") from None
+        cas = "" if expect is None else str(expect)
+        args: list[Any] = [orjson.dumps(doc), self.channel, cas]
+        version = int(await self.call(self._publish(keys=self.keys, args=args)))
         self.version = max(self.version, version)
         return version
 
     async def resync(self, apply: Callable[[dict[str, Any]], None]) -> None:
         """Apply the fleet's current snapshot again, whatever its version (after a
         local change that lost a compare-and-set)."""
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                await self._load(apply, force=True)
-        except (RedisError, OSError, TimeoutError) as exc:
-            raise StoreUnavailable(f"redis at {self.url}: {exc or type(exc).__name__}") from None
+        await self.call(self._load(apply, force=True))
 
     async def _load(self, apply: Callable[[dict[str, Any]], None], force: bool = False) -> None:
         raw = await self.client.get(self.keys[1])
@@ -130,9 +112,3 @@ class Control:
                     await pubsub.aclose()
                 except (RedisError, OSError):
                     pass
-
-    async def close(self) -> None:
-        try:
-            await self.client.aclose()
-        except (RedisError, OSError):
-            pass

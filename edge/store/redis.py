@@ -25,18 +25,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable
-from typing import Any, TypeVar
-
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from typing import Any
 
 from edge.store.base import StoreUnavailable
+from edge.store.connection import RedisConnection
 
 log = logging.getLogger("sluice.edge")
-T = TypeVar("T")
 
 # The scripts share these Lua functions (each script is a few lines over them).
 # `clock`: Redis's time in seconds (buckets) and whole ms (lease expiries).
@@ -138,20 +132,12 @@ return #KEYS
 """
 
 
-class RedisStore:
+class RedisStore(RedisConnection):
     """`edge.store.base.Store` in Redis (see the module docstring)."""
 
     def __init__(self, url: str, timeout_s: float, prefix: str = "sluice") -> None:
-        self.url = url
-        self.timeout_s = timeout_s
+        super().__init__(url, timeout_s, decode_responses=True)
         self.prefix = prefix
-        self.client: aioredis.Redis = aioredis.Redis.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0),
-            decode_responses=True,
-        )
         self._take = self.client.register_script(TAKE)
         self._acquire = self.client.register_script(ACQUIRE)
         self._admit = self.client.register_script(ADMIT)
@@ -162,14 +148,6 @@ class RedisStore:
 
     def key(self, kind: str, key: str) -> str:
         return f"{self.prefix}:{kind}:{key}"
-
-    async def call(self, op: Awaitable[T]) -> T:
-        """One Redis operation within the timeout; any failure is StoreUnavailable."""
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                return await op
-        except (RedisError, OSError, TimeoutError) as exc:
-            raise StoreUnavailable(f"redis at {self.url}: {exc or type(exc).__name__}") from None
 
     async def ping(self) -> None:
         await self.call(self.client.ping())  # type: ignore[arg-type]
@@ -245,5 +223,4 @@ class RedisStore:
             self._renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._renewer
-        with contextlib.suppress(RedisError, OSError):
-            await self.client.aclose()
+        await super().close()

@@ -16,18 +16,9 @@ Any failure raises `StoreUnavailable`.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import Any
 
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
-
-from edge.store.base import StoreUnavailable
-
-T = TypeVar("T")
+from edge.store.connection import RedisConnection
 
 # KEYS board, owner; ARGV me, ttl_ms, the version the caller has.
 TICK = """
@@ -58,29 +49,15 @@ return version + 1
 """
 
 
-class RolloutBoard:
+class RolloutBoard(RedisConnection):
     """The rollouts' document and owner lease in Redis (see the module docstring)."""
 
     def __init__(self, url: str, timeout_s: float, prefix: str = "sluice") -> None:
-        self.url = url
-        self.timeout_s = timeout_s
-        self.client: aioredis.Redis = aioredis.Redis.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0),
-        )
+        super().__init__(url, timeout_s)
         self.keys = [f"{prefix}:rollouts", f"{prefix}:rollouts:owner"]
         self.seq_key = f"{prefix}:rollouts:seq"
         self._tick = self.client.register_script(TICK)
         self._save = self.client.register_script(SAVE)
-
-    async def call(self, op: Awaitable[T]) -> T:
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                return await op
-        except (RedisError, OSError, TimeoutError) as exc:
-            raise StoreUnavailable(f"redis at {self.url}: {exc or type(exc).__name__}") from None
 
     async def tick(self, me: str, ttl_s: float, known: int) -> tuple[bool, int, bytes | None]:
         """(whether `me` holds the lease, the version, the body if not `known`)."""
@@ -100,9 +77,3 @@ class RolloutBoard:
 
     async def next_seq(self) -> int:
         return int(await self.call(self.client.incr(self.seq_key)))
-
-    async def close(self) -> None:
-        try:
-            await self.client.aclose()
-        except (RedisError, OSError):
-            pass

@@ -11,33 +11,19 @@ asked for are read back (`HGETALL`). Errors are not handled here: any failure ra
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
-
-from edge.store.base import StoreUnavailable
+from edge.store.connection import RedisConnection
 
 Bucket = tuple[str, int]  # (pool, unix second)
 
 
-class WindowCounters:
+class WindowCounters(RedisConnection):
     """Per-pool, per-second outcome counters in Redis (see the module docstring)."""
 
     def __init__(self, url: str, timeout_s: float, prefix: str = "sluice") -> None:
-        self.url = url
-        self.timeout_s = timeout_s
+        super().__init__(url, timeout_s, decode_responses=True)
         self.prefix = prefix
-        self.client: aioredis.Redis = aioredis.Redis.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0),
-            decode_responses=True,
-        )
 
     def key(self, bucket: Bucket) -> str:
         return f"{self.prefix}:window:{bucket[0]}:{bucket[1]}"
@@ -55,16 +41,6 @@ class WindowCounters:
             pipe.expire(key, ttl)
         for bucket in read:
             pipe.hgetall(self.key(bucket))
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                results: list[Any] = await pipe.execute()
-        except (RedisError, OSError, TimeoutError) as exc:
-            raise StoreUnavailable(f"redis at {self.url}: {exc or type(exc).__name__}") from None
+        results: list[Any] = await self.call(pipe.execute())
         got = results[len(results) - len(read) :] if read else []
         return [{k: int(v) for k, v in h.items()} for h in got]
-
-    async def close(self) -> None:
-        try:
-            await self.client.aclose()
-        except (RedisError, OSError):
-            pass
