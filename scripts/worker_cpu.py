@@ -132,17 +132,38 @@ async def tokens_mode(
     }
 
 
+async def requests_window(
+    w: Window, tasks: list[asyncio.Task[None]], done: asyncio.Event, warmup: float, duration: float
+) -> dict[str, Any]:
+    """Measure `tasks` (back-to-back requests until `done`) over the window after
+    `warmup`; what a requests mode reports."""
+    await asyncio.sleep(warmup)
+    w.start()
+    await asyncio.sleep(duration)
+    w.stop()
+    done.set()
+    await asyncio.gather(*tasks)
+    return {
+        "window_s": round(w.wall, 3),
+        "requests": w.requests,
+        "requests_per_s": round(w.requests / w.wall, 1),
+        "worker_cpu_s": round(w.cpu, 3),
+        "worker_cpu_share": round(w.cpu / w.wall, 3),
+        "worker_cpu_us_per_request": round(w.cpu / max(w.requests, 1) * 1e6, 1),
+    }
+
+
 async def requests_mode(
     channel: grpc.aio.Channel, w: Window, concurrency: int, warmup: float, duration: float
 ) -> dict[str, Any]:
     generate = channel.stream_stream(GENERATE, request_serializer=None, response_deserializer=None)
-    running = True
+    done = asyncio.Event()
     failures = 0
 
     async def loop(i: int) -> None:
         nonlocal failures
         n = 0
-        while running:
+        while not done.is_set():
             n += 1
             try:
                 async for _ in generate(iter([start_msg(f"req-{i}-{n}", 1, False)])):
@@ -154,22 +175,8 @@ async def requests_mode(
                 w.requests += 1
 
     tasks = [asyncio.create_task(loop(i)) for i in range(concurrency)]
-    await asyncio.sleep(warmup)
-    w.start()
-    await asyncio.sleep(duration)
-    w.stop()
-    running = False
-    await asyncio.gather(*tasks)
-    return {
-        "concurrency": concurrency,
-        "window_s": round(w.wall, 3),
-        "requests": w.requests,
-        "failures": failures,
-        "requests_per_s": round(w.requests / w.wall, 1),
-        "worker_cpu_s": round(w.cpu, 3),
-        "worker_cpu_share": round(w.cpu / w.wall, 3),
-        "worker_cpu_us_per_request": round(w.cpu / max(w.requests, 1) * 1e6, 1),
-    }
+    result = await requests_window(w, tasks, done, warmup, duration)
+    return {"concurrency": concurrency, "failures": failures, **result}
 
 
 async def mux_mode(
@@ -181,7 +188,7 @@ async def mux_mode(
     streams: int = 4,
 ) -> dict[str, Any]:
     generate = channel.stream_stream(GENERATE, request_serializer=None, response_deserializer=None)
-    running = True
+    done = asyncio.Event()
     loop = asyncio.get_running_loop()
 
     async def stream(k: int) -> None:
@@ -201,7 +208,7 @@ async def mux_mode(
         async def one(i: int) -> None:
             nonlocal first
             n = 0
-            while running:
+            while not done.is_set():
                 n += 1
                 rid = f"mux-{k}-{i}-{n}"
                 sp = pb.SamplingParams(max_tokens=1, temperature=0)
@@ -223,22 +230,8 @@ async def mux_mode(
         await reader
 
     tasks = [asyncio.create_task(stream(k)) for k in range(streams)]
-    await asyncio.sleep(warmup)
-    w.start()
-    await asyncio.sleep(duration)
-    w.stop()
-    running = False
-    await asyncio.gather(*tasks)
-    return {
-        "concurrency": concurrency,
-        "streams": streams,
-        "window_s": round(w.wall, 3),
-        "requests": w.requests,
-        "requests_per_s": round(w.requests / w.wall, 1),
-        "worker_cpu_s": round(w.cpu, 3),
-        "worker_cpu_share": round(w.cpu / w.wall, 3),
-        "worker_cpu_us_per_request": round(w.cpu / max(w.requests, 1) * 1e6, 1),
-    }
+    result = await requests_window(w, tasks, done, warmup, duration)
+    return {"concurrency": concurrency, "streams": streams, **result}
 
 
 MODES = {"tokens": tokens_mode, "requests": requests_mode, "mux": mux_mode}
