@@ -525,8 +525,15 @@ def test_rolling_restart_of_two_workers_under_load_loses_nothing(fleet: Fleet) -
     threads = [threading.Thread(target=load) for _ in range(6)]
     for t in threads:
         t.start()
+
+    def wait_until(check: Callable[[], bool], timeout: float = 15.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not check():
+            assert time.monotonic() < deadline, "condition not met in time"
+            time.sleep(0.02)
+
     try:
-        time.sleep(0.3)
+        wait_until(lambda: len(results) >= 6)  # the load is running on both workers
         script = subprocess.run(
             [
                 sys.executable,
@@ -553,7 +560,8 @@ def test_rolling_restart_of_two_workers_under_load_loses_nothing(fleet: Fleet) -
         for r in restarted:
             fleet.pids[r["address"]] = r["new_pid"]
         during = len(results)
-        time.sleep(0.3)
+        # The load goes on until the restarted worker has served some of it.
+        wait_until(lambda: worker_stats(w2).finished_total > 0)
     finally:
         stop.set()
         for t in threads:
