@@ -29,6 +29,8 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+from sluice_common.options import add_section, option, section_from
+
 ENV_VAR = "SLUICE_EDGE_CONFIG"
 SECRET_ENV = "SLUICE_RESUME_SECRET"
 ADMIN_KEY_ENV = "SLUICE_ADMIN_KEY"
@@ -36,14 +38,6 @@ CONTINUE_MODES = ("never", "sampled", "always")
 # How a worker is chosen within a pool for a request without a session key
 # (`edge.upstream.routing`); a pool may set its own (`policy` in the pools file).
 POLICIES = ("session", "cache_aware", "least_load", "random")
-
-
-def option(default: Any, flag: str, help: str, **argparse_kwargs: Any) -> Any:
-    """A config field with its command-line flag (`argparse_kwargs`: type, choices, action)."""
-    meta = {"flag": flag, "help": help, **argparse_kwargs}
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata=meta)
-    return field(default=default, metadata=meta)
 
 
 @dataclass(slots=True)
@@ -270,36 +264,18 @@ SECTIONS: dict[str, Any] = {
 }
 
 
-def _flagged(cls: type) -> list[dataclasses.Field[Any]]:
-    return [f for f in dataclasses.fields(cls) if "flag" in f.metadata]
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="edge", description="Sluice edge: OpenAI-compatible HTTP/SSE in front of gRPC workers."
     )
     for name, cls in SECTIONS.items():
-        group = p.add_argument_group(name.replace("_", " "))
-        defaults = cls()
-        for f in _flagged(cls):
-            meta = dict(f.metadata)
-            flag, help_ = meta.pop("flag"), meta.pop("help")
-            default = getattr(defaults, f.name)
-            if "type" not in meta and "action" not in meta and not isinstance(default, str):
-                meta["type"] = type(default)
-            if meta.get("action") == "append":
-                default = []
-            group.add_argument(flag, dest=f"{name}.{f.name}", default=default, help=help_, **meta)
+        add_section(p.add_argument_group(name.replace("_", " ")), name, cls)
     return p
 
 
 def config_from_args(args: argparse.Namespace) -> EdgeConfig:
     """The parsed flags as an EdgeConfig, checked (SystemExit with the reason)."""
-    values = vars(args)
-    sections = {
-        name: cls(**{f.name: values[f"{name}.{f.name}"] for f in _flagged(cls)})
-        for name, cls in SECTIONS.items()
-    }
+    sections = {name: section_from(args, name, cls) for name, cls in SECTIONS.items()}
     config = EdgeConfig(**sections)
     check(config)
     if not config.routing.workers and not config.routing.pools_file:

@@ -16,8 +16,8 @@ import grpc
 import orjson
 from starlette.responses import Response
 
-RETRY_AFTER_KEY = "retry-after-ms"
-FIELD_KEY = "x-sluice-field"
+from sluice_common.contract import FIELD_KEY, RETRY_AFTER_KEY
+
 # The worker writes INVALID_ARGUMENT messages as "<field path>: <why>".
 _FIELD_PREFIX = re.compile(r"^([a-z_]+(?:\.[a-z_]+|\[\d+\])*): ")
 # Details written by the gRPC library itself (not the worker) about the connection.

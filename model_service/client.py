@@ -20,8 +20,8 @@ import grpc
 
 from generated import sluice_pb2 as pb
 from generated import sluice_pb2_grpc as pb_grpc
+from sluice_common.contract import RETRY_AFTER_KEY
 
-RETRY_AFTER_KEY = "retry-after-ms"
 CHANNEL_OPTIONS = (
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.keepalive_timeout_ms", 10_000),

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import logging
 
+from sluice_common.contract import TRACE_KEY
 from sluice_common.logs import TEXT_FORMAT, JsonFormatter
-
-TRACE_METADATA_KEY = "x-request-id"
 
 
 def setup_logging(level: str, fmt: str) -> None:
@@ -28,6 +27,6 @@ def setup_logging(level: str, fmt: str) -> None:
 def trace_id(metadata: object) -> str:
     """The caller's `x-request-id` from gRPC invocation metadata, or ""."""
     for item in metadata or ():  # type: ignore[attr-defined]
-        if item[0] == TRACE_METADATA_KEY:
+        if item[0] == TRACE_KEY:
             return str(item[1])[:128]
     return ""

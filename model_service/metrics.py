@@ -35,8 +35,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from model_service.histogram import Histogram
 from model_service.types import WorkerFigures
+from sluice_common.histogram import Histogram
 
 PREFIX = "sluice_worker_"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)

@@ -27,7 +27,8 @@ from model_service.core import WorkerCore
 from model_service.engines import load_engine
 from model_service.errors import Unavailable
 from model_service.metrics import WorkerMetrics
-from model_service.servicer import SERVICE_NAME, GenerationServicer, add_to_server
+from model_service.servicer import GenerationServicer, add_to_server
+from sluice_common.contract import SERVICE_NAME
 
 log = logging.getLogger("sluice.worker")
 

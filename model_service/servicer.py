@@ -20,11 +20,10 @@ from model_service.core import WorkerCore
 from model_service.errors import SluiceError, Unavailable
 from model_service.load import LoadReporter, intervals
 from model_service.status import abort_with
-from model_service.stream import ACCEPTED_KEY, GenerateStream, send_log
+from model_service.stream import GenerateStream, send_log
 from model_service.types import EngineStats
 from model_service.validation import validate_request
-
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Generation"].full_name
+from sluice_common.contract import ACCEPTED_KEY, SERVICE_NAME
 
 
 class GenerationServicer(pb_grpc.GenerationServicer):

@@ -7,9 +7,7 @@ from typing import NoReturn
 import grpc
 
 from model_service.errors import SluiceError
-
-RETRY_AFTER_KEY = "retry-after-ms"
-FIELD_KEY = "x-sluice-field"
+from sluice_common.contract import FIELD_KEY, RETRY_AFTER_KEY
 
 
 def trailing_metadata(err: SluiceError) -> tuple[tuple[str, str], ...]:

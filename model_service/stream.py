@@ -33,10 +33,10 @@ from model_service.generation import CLIENT_CANCEL, Generation
 from model_service.logs import trace_id
 from model_service.status import abort_with
 from model_service.types import FinishReason
+from sluice_common.contract import ACCEPTED_KEY
 
 log = logging.getLogger("sluice.worker")
 
-ACCEPTED_KEY = "x-sluice-request-id"
 EOF = grpc.aio.EOF
 NO_ACTION = "set `start` or `cancel`"
 ONE_GENERATION = "this stream carries one generation; set multiplexed=true on its first start"

@@ -18,10 +18,10 @@ import time
 from typing import Any
 
 from sluice_common import otel
+from sluice_common.contract import TRACE_CONTEXT_KEYS
 
 log = logging.getLogger("sluice.worker")
 
-TRACE_KEYS = ("traceparent", "tracestate")
 
 _tracer: Any = None
 _provider: Any = None
@@ -50,7 +50,7 @@ def headers(metadata: Any) -> dict[str, str] | None:
     """The caller's W3C trace context from gRPC metadata; None with tracing off or none sent."""
     if _tracer is None or not metadata:
         return None
-    found = {k: v for k, v in metadata if k in TRACE_KEYS and isinstance(v, str)}
+    found = {k: v for k, v in metadata if k in TRACE_CONTEXT_KEYS and isinstance(v, str)}
     return found if "traceparent" in found else None
 
 

@@ -43,7 +43,7 @@ from edge.stream.job import Format, Job
 from edge.stream.response import GenerationResponse
 from edge.upstream.calls import ResumeCall
 from edge.upstream.continuation import split_id
-from edge.upstream.failover import FailoverCall
+from edge.upstream.failover import FailoverCall, Route
 from edge.upstream.prefix import Prompt
 from generated import sluice_pb2 as pb
 
@@ -177,8 +177,9 @@ async def _failover(
     # A Responses stream's events depend on all before them: it resumes by replaying its
     # one generation, so it is never continued as a second one elsewhere.
     continuable = req.kind != "responses"
+    route = Route(req.model, p.key, prompt)
     return FailoverCall(
-        registry, worker, start, timeout, p.trace_id, p.key, req.model, continuable, prompt
+        registry, worker, start, timeout, p.trace_id, route=route, continuable=continuable
     )
 
 

@@ -13,8 +13,9 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 
-from edge.obs.histogram import ITL_BUCKETS, LATENCY_BUCKETS, OVERHEAD_BUCKETS, Histogram
+from edge.obs.histogram import ITL_BUCKETS, LATENCY_BUCKETS, OVERHEAD_BUCKETS
 from edge.obs.prom import Exposition, labels
+from sluice_common.histogram import Histogram
 
 
 class Metrics:

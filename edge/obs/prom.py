@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from edge.obs.histogram import Histogram
+from sluice_common.histogram import Histogram
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -20,8 +20,7 @@ from edge.errors import ApiError, from_rpc_error
 from edge.upstream.continuation import split_id, whole_usage
 from edge.upstream.worker import Worker
 from generated import sluice_pb2 as pb
-
-TRACE_KEY = "x-request-id"  # gRPC metadata: the worker logs it with the generation
+from sluice_common.contract import TRACE_KEY
 
 
 class UpstreamCall(Protocol):

@@ -31,22 +31,23 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import grpc
 
+from edge.config import RoutingConfig
 from edge.errors import ApiError, from_status
 from edge.obs import tracing
-from edge.upstream.calls import GenerateCall
+from edge.upstream.calls import GenerateCall, UpstreamCall
 from edge.upstream.continuation import (
     continuation_start,
     final_outcome,
     may_continue,
     whole_usage,
 )
-from edge.upstream.outcomes import CANCELLED
-from edge.upstream.prefix import Prompt
-from edge.upstream.registry import PoolRegistry
+from edge.upstream.outcomes import CANCELLED, PoolMetrics
 from edge.upstream.worker import Worker
 from generated import sluice_pb2 as pb
 
@@ -57,13 +58,54 @@ CONTINUE_AFTER = frozenset({"unavailable", "upstream_error"})
 PASSIVE_FAILURES = frozenset({"unavailable", "upstream_error"})
 
 
+class Picker(Protocol):
+    """Where failover finds another worker and reports its attempts (the pool registry)."""
+
+    options: RoutingConfig
+
+    def pick(
+        self,
+        model: str = "",
+        key: str = "",
+        exclude: Collection[str] = (),
+        prefer_pool: str = "",
+        pool: str = "",
+        prompt: Any = None,
+    ) -> Worker:
+        """A worker not in `exclude`; raises ApiError when there is none."""
+        ...
+
+    def pool_metrics(self, pool: str) -> PoolMetrics:
+        """The outcome counters of `pool`."""
+        ...
+
+    def released(self, worker: Worker) -> None:
+        """An attempt on `worker` ended (a removed worker may close now)."""
+        ...
+
+
+# Opens one attempt: (worker, start, timeout_s, trace_id, traceparent) -> its call.
+OpenCall = Callable[[Worker, pb.StartGeneration, float | None, str, str], UpstreamCall]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """What a replacement's pick needs: the request's model, session key and prompt
+    (the prompt feeds a cache_aware pool's pick; opaque here)."""
+
+    model: str = ""
+    key: str = ""
+    prompt: Any = None
+
+
 @dataclass(eq=False)
 class _Attempt:
     worker: Worker
-    call: GenerateCall
+    call: UpstreamCall
     started: float
     base_tokens: int  # tokens forwarded before this attempt
     tokens: int = 0  # its own tokens
+    next_index: int = 0  # of its next message
     first_token: float | None = None
     last_token: float = 0.0
     ended: bool = False
@@ -78,24 +120,23 @@ class FailoverCall:
 
     def __init__(
         self,
-        registry: PoolRegistry,
+        picker: Picker,
         first: Worker,
         start: pb.StartGeneration,
         timeout_s: float | None,
         trace_id: str = "",
-        key: str = "",
-        model: str = "",
+        *,
+        route: Route = Route(),
         continuable: bool = True,
-        prompt: Prompt | None = None,
+        open_call: OpenCall = GenerateCall,
     ) -> None:
-        self._registry = registry
-        self._opts = registry.options
+        self._picker = picker
+        self._opts = picker.options
         self._first = first
         self._start = start
         self._trace = trace_id
-        self._key = key
-        self._model = model
-        self._prompt = prompt  # for a replacement's pick (cache_aware pools)
+        self._route = route
+        self._open_call = open_call
         self._deadline = time.monotonic() + timeout_s if timeout_s else None
         self._continuable = continuable and may_continue(self._opts.continue_on_failure, start)
         self._attempt: _Attempt | None = None
@@ -204,7 +245,7 @@ class FailoverCall:
         if not await self._establish(worker, start, err):
             raise err
         self.continuations = n
-        self._registry.pool_metrics(self.worker.pool).continuations += 1
+        self._picker.pool_metrics(self.worker.pool).continuations += 1
         log.info(
             "request %s continued on %s after %d token(s) (%s)",
             self._start.request_id,
@@ -225,13 +266,14 @@ class FailoverCall:
         if self._deadline is not None and now >= self._deadline:
             return None
         try:
+            route = self._route
             return tracing.route(
-                self._registry.pick,
-                self._model,
-                self._key,
+                self._picker.pick,
+                route.model,
+                route.key,
                 exclude=self._tried,
                 prefer_pool=self.worker.pool,
-                prompt=self._prompt,
+                prompt=route.prompt,
             )
         except ApiError:
             return None
@@ -246,7 +288,7 @@ class FailoverCall:
             worker.address, worker.pool, len(self._tried) + 1, continuation
         )
         parent = tracing.traceparent(span) if span is not None else ""
-        call = GenerateCall(worker, start, timeout, self._trace, parent)
+        call = self._open_call(worker, start, timeout, self._trace, parent)
         att = _Attempt(worker, call, now, self._tokens, span=span)
         worker.in_flight += 1
         self._tried.add(worker.address)
@@ -259,7 +301,7 @@ class FailoverCall:
             return
         att.ended = True
         att.worker.in_flight -= 1
-        metrics = self._registry.pool_metrics(att.worker.pool)
+        metrics = self._picker.pool_metrics(att.worker.pool)
         ttft = itl = None
         if att.first_token is not None:
             ttft = att.first_token - att.started
@@ -270,18 +312,19 @@ class FailoverCall:
         metrics.outcome(outcome, ttft, itl_s=itl)
         if outcome in PASSIVE_FAILURES:
             att.worker.failed()
-        self._registry.released(att.worker)
+        self._picker.released(att.worker)
         if att.span is not None:
             tracing.end_attempt(att.span, outcome, att.tokens)
 
     def _forward(self, att: _Attempt, msg: pb.GenerateResponse) -> pb.GenerateResponse:
         """Count and pass on one message of the current attempt (its index untouched)."""
         self._forwarded += 1
+        att.next_index = msg.index + 1
         if msg.WhichOneof("kind") == "chunk":
             now = time.monotonic()
             if att.first_token is None:
                 att.first_token = now
-                self._registry.pool_metrics(att.worker.pool).ttft.observe(now - att.started)
+                self._picker.pool_metrics(att.worker.pool).ttft.observe(now - att.started)
             att.last_token = now
             n = len(msg.chunk.token_ids)
             att.tokens += n
@@ -300,5 +343,5 @@ class FailoverCall:
         final = pb.Final(reason=pb.FINISH_REASON_LENGTH)
         final.usage.completion_tokens = self._tokens
         att = self._attempt
-        index = att.call.next_index if att is not None else 0
+        index = att.next_index if att is not None else 0
         return pb.GenerateResponse(request_id=self.request_id, index=index, final=final)

@@ -15,8 +15,8 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from edge.obs.histogram import Histogram
 from edge.obs.prom import Exposition, labels
+from sluice_common.histogram import Histogram
 
 OK = "ok"
 CANCELLED = "cancelled"

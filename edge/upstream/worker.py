@@ -39,10 +39,10 @@ from edge.errors import from_rpc_error
 from edge.upstream.channel import ChannelFactory
 from generated import sluice_pb2 as pb
 from generated import sluice_pb2_grpc as pb_grpc
+from sluice_common.contract import SERVICE_NAME
 
 log = logging.getLogger("sluice.edge")
 
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Generation"].full_name
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 UNKNOWN = health_pb2.HealthCheckResponse.UNKNOWN
@@ -150,9 +150,9 @@ class Worker:
         """The version label the worker itself reports (ListModels), "" until known."""
         return self.models[0].version if self.models else ""
 
-    def failed(self) -> None:
+    def failed(self, now: float | None = None) -> None:
         """A request on this worker failed the way a dead or broken worker fails."""
-        if self.passive.failure(time.monotonic()):
+        if self.passive.failure(time.monotonic() if now is None else now):
             log.warning(
                 "worker %s out of rotation for %.1fs after %d failure(s)",
                 self.address,

@@ -6,11 +6,11 @@ import pytest
 
 from edge.api.schema import GenRequest, check_prompt
 from edge.errors import ApiError
-from edge.obs.histogram import Histogram
 from edge.obs.metrics import Metrics
 from edge.obs.record import RouteLabels
 from edge.security.limits import TokenBucket
 from generated import sluice_pb2 as pb
+from sluice_common.histogram import Histogram
 
 
 def test_token_bucket_allows_a_burst_then_the_rate():

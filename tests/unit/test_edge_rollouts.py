@@ -154,7 +154,7 @@ async def test_a_canary_with_no_routable_worker_is_rolled_back() -> None:
     rollouts = Rollouts(reg)
     r = rollouts.start(parse_plan(plan()), now=T0)
     worker = reg.pool("v2").workers["c1:1"]
-    worker.failed()  # max_fails 1: out for fail_timeout
+    worker.failed(T0)  # max_fails 1: out for fail_timeout (on the test's clock)
     rollouts.check(T0 + 0.5)
     assert r.state == "running"  # a short grace
     rollouts.check(T0 + 1.6)

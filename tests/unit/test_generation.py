@@ -10,9 +10,9 @@ from model_service.config import EngineConfig, SimOptions
 from model_service.engines.sim import SimEngine
 from model_service.errors import SluiceError
 from model_service.generation import CLIENT_CANCEL, Generation, Runtime
-from model_service.histogram import Histogram
 from model_service.replay import ReplayStore
 from model_service.types import GenerationRequest, SamplingParams
+from sluice_common.histogram import Histogram
 
 
 class Hooks:

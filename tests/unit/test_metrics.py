@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
-from model_service.histogram import Histogram
 from model_service.metrics import WorkerMetrics
 from model_service.types import EngineStats, WorkerFigures
+from sluice_common.histogram import Histogram
 
 
 def samples(m: WorkerMetrics) -> dict[str, float]:

@@ -1,8 +1,8 @@
 """What the worker and the edge share: `generated/` and `sluice_common/`, nothing else.
 
 Each side imports its own package plus those two; `sluice_common` imports neither side
-(nor Starlette, vLLM or torch, which only one side has); and whatever the two import of
-ours is packaged (pyproject's package list, the Dockerfile's COPY lines).
+(nor Starlette, vLLM or torch, which only one side has; it may read `generated/`); and
+whatever the two import of ours is packaged (pyproject's package list, the Dockerfile's COPY lines).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ SHARED = {"generated", "sluice_common"}
 MAY_IMPORT = {
     "edge": {"edge"} | SHARED,
     "model_service": {"model_service"} | SHARED,
-    "sluice_common": {"sluice_common"},
+    "sluice_common": SHARED,  # the contract's constants read generated/
 }
 # Each side's own heavy dependencies: the shared code may load none of them.
 ONE_SIDE_ONLY = ("starlette", "uvicorn", "vllm", "torch", "transformers")

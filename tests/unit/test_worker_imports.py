@@ -18,7 +18,6 @@ BOOTSTRAP = {"model_service.server", "model_service.__main__"}
 FORBIDDEN = {
     "generation": {"model_service.core", "model_service.metrics"} | RPC | BOOTSTRAP,
     "metrics": {"model_service.core", "model_service.generation"} | RPC | BOOTSTRAP,
-    "histogram": {"model_service.core", "model_service.generation", "model_service.metrics"},
     "core": RPC | BOOTSTRAP,
     "stream": {"model_service.servicer"} | BOOTSTRAP,
     "servicer": BOOTSTRAP,
