@@ -34,11 +34,11 @@ from edge.api.state import EdgeState
 from edge.app import create_app
 from edge.config import ENV_VAR, EdgeConfig, build_parser, config_from_args
 from edge.obs.logs import log_config
+from edge.routing.pools import PoolConfigError, build_pools
 from edge.security import tls
 from edge.security.auth import KeyFileError, load_keys
 from edge.security.cors import check_origins
 from edge.security.http_limits import LimitedConfig
-from edge.upstream.pools import PoolConfigError, build_pools
 
 log = logging.getLogger("sluice.edge")
 

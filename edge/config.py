@@ -36,7 +36,7 @@ SECRET_ENV = "SLUICE_RESUME_SECRET"
 ADMIN_KEY_ENV = "SLUICE_ADMIN_KEY"
 CONTINUE_MODES = ("never", "sampled", "always")
 # How a worker is chosen within a pool for a request without a session key
-# (`edge.upstream.routing`); a pool may set its own (`policy` in the pools file).
+# (`edge.routing.scores`); a pool may set its own (`policy` in the pools file).
 POLICIES = ("session", "cache_aware", "least_load", "random")
 
 

@@ -15,14 +15,14 @@ Changes apply to new requests at once and never move an in-flight stream.
     DELETE /admin/pools/{name}/workers/{worker}  by address or id (its streams finish)
     POST   /admin/pools/{name}/drain             no new sessions; pinned ones move on
     GET    /admin/rollouts                       the active rollout, all kept, histories
-    POST   /admin/rollouts                       a plan (`edge.upstream.plans`): started
+    POST   /admin/rollouts                       a plan (`edge.release.plans`): started
     GET    /admin/rollouts/{id}                  one rollout
     POST   /admin/rollouts/{id}/{action}         pause, resume, abort
 
 With a shared store (`--store-url`), a change to the pools is published as the fleet's
-new state (`edge.upstream.fleet`) and applied by every process of every replica within
+new state (`edge.routing.fleet`) and applied by every process of every replica within
 about a second; if it cannot be published, the answer is 503 (applied here only).
-Rollouts too are the fleet's then (`edge.upstream.fleet_rollouts`: started, read and
+Rollouts too are the fleet's then (`edge.release.fleet_rollouts`: started, read and
 acted on through any replica, run by one process; `GET /admin/rollouts` names it as
 `owner`). Without one, state is per edge process.
 """
@@ -38,13 +38,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from edge.errors import ApiError, error_response
+from edge.release.fleet_rollouts import FleetRollouts
+from edge.release.plans import parse_plan
+from edge.release.rollouts import Rollouts
+from edge.release.windows import FleetWindows
+from edge.routing.pools import PoolConfigError, parse_pool, parse_weight
+from edge.routing.registry import PoolRegistry
 from edge.store.base import StoreUnavailable
-from edge.upstream.fleet_rollouts import FleetRollouts
-from edge.upstream.plans import parse_plan
-from edge.upstream.pools import PoolConfigError, parse_pool, parse_weight
-from edge.upstream.registry import PoolRegistry
-from edge.upstream.rollouts import Rollouts
-from edge.upstream.windows import FleetWindows
 
 MAX_ADMIN_BODY = 64 * 1024
 

@@ -1,5 +1,5 @@
 """A request's session as HTTP: its key, the edge's signed sticky cookie, and the response
-headers that say where it went (`edge.upstream.sessions` does the placing and pinning).
+headers that say where it went (`edge.routing.pinning` does the placing and pinning).
 
 The key is, in this order: the `X-Session-ID` header, the OpenAI `user` field, the session
 cookie (`user` first: one SDK client keeps one cookie jar for all the users it names). A
@@ -27,9 +27,9 @@ from starlette.requests import Request
 
 from edge.config import SessionConfig
 from edge.obs.record import record_of
-from edge.upstream.prefix import Prompt
-from edge.upstream.routing import MAX_KEY_CHARS, SESSION_COOKIE, SESSION_HEADER
-from edge.upstream.sessions import Pinning
+from edge.routing.pinning import Pinning
+from edge.routing.prefix import Prompt
+from edge.routing.scores import MAX_KEY_CHARS, SESSION_COOKIE, SESSION_HEADER
 from edge.upstream.worker import Worker
 
 POOL_HEADER = b"x-sluice-pool"

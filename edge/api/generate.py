@@ -38,13 +38,13 @@ from edge.errors import ApiError, from_status
 from edge.obs import tracing
 from edge.obs.logs import TRACE_RE
 from edge.obs.record import record_of
+from edge.routing.prefix import Prompt
 from edge.stream.ids import PART_DONE, Origin, ResumePoint, bad_event_id, not_yours
 from edge.stream.job import Format, Job
 from edge.stream.response import GenerationResponse
 from edge.upstream.calls import ResumeCall
 from edge.upstream.continuation import split_id
 from edge.upstream.failover import FailoverCall, Route
-from edge.upstream.prefix import Prompt
 from generated import sluice_pb2 as pb
 
 TRACE_HEADER = "x-request-id"

@@ -12,7 +12,7 @@ shared one fails):
   shared store instead of two): `admit` (a request's token, then its slot) and `finish`
   (its slot's release and its tokens' settlement);
 - session pins (`get_pin` / `put_pin`): the pool a header or `user` session stays on
-  (`edge.upstream.sessions.SessionStore`).
+  (`edge.routing.pinning.SessionStore`).
 
 Keys are opaque strings; the limiters and the pinning choose them.
 """

@@ -1,5 +1,5 @@
 """The fleet's rollout plans in Redis: one versioned document and the lease of the one
-edge process that runs them (`edge.upstream.fleet_rollouts`).
+edge process that runs them (`edge.release.fleet_rollouts`).
 
 - `<prefix>:rollouts` is a hash: `version` (raised by every save), `active` (the id of
   the running or paused rollout, '' when none) and `body` (the document, JSON).

@@ -2,7 +2,7 @@
 every edge process adds its outcomes to, so a judge can decide on the sum.
 
 A bucket is a hash `<prefix>:window:<pool>:<unix second>` of integer fields (what they
-count is `edge.upstream.windows`'s business: requests, errors, latency histogram bins),
+count is `edge.release.windows`'s business: requests, errors, latency histogram bins),
 expiring `ttl_s` after its last write. `exchange` is one pipelined round trip: the
 counts this process gathered since its last call are added (`HINCRBY`), then the buckets
 asked for are read back (`HGETALL`). Errors are not handled here: any failure raises

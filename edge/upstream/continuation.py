@@ -14,7 +14,7 @@ import re
 import grpc
 
 from edge.errors import from_status, from_status_code_number
-from edge.upstream.outcomes import CANCELLED, OK
+from edge.obs.outcomes import CANCELLED, OK
 from generated import sluice_pb2 as pb
 
 _SUCCESS = (pb.FINISH_REASON_STOP, pb.FINISH_REASON_LENGTH, pb.FINISH_REASON_TOOL_CALLS)

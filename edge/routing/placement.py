@@ -1,7 +1,7 @@
 """Worker choice within one pool: the pool's policy, and what `cache_aware` remembers.
 
 A request with a session key goes to its rendezvous worker whatever the policy (session
-affinity, `edge.upstream.routing.hrw`). Without one, the pool's policy decides:
+affinity, `edge.routing.scores.hrw`). Without one, the pool's policy decides:
 
 | policy | worker |
 | --- | --- |
@@ -26,8 +26,8 @@ from collections.abc import Sequence
 
 from edge.config import RoutingConfig
 from edge.obs.prom import Exposition, labels
-from edge.upstream.prefix import CHARS_PER_TOKEN, INDEX_HEADROOM, PrefixIndex, Prompt
-from edge.upstream.routing import CacheAware, cache_aware, hrw, least_loaded, two_choices
+from edge.routing.prefix import CHARS_PER_TOKEN, INDEX_HEADROOM, PrefixIndex, Prompt
+from edge.routing.scores import CacheAware, cache_aware, hrw, least_loaded, two_choices
 from edge.upstream.worker import Worker
 
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from edge.routing.pools import PoolSpec, parse_rollback
+from edge.routing.registry import PoolRegistry
 from edge.store.control import Control
-from edge.upstream.pools import PoolSpec, parse_rollback
-from edge.upstream.registry import PoolRegistry
 
 log = logging.getLogger("sluice.edge")
 

@@ -7,10 +7,10 @@ a copy (`Rollouts`, the same objects a single edge runs) and refreshes it on eve
 
 - Running: while a rollout is active, the process holding the lease (`LEASE_S`, renewed
   on every check) is its owner and ticks it (judged by the fleet's windows,
-  `edge.upstream.windows.FleetWindows`). When the rollout moves on (a step, a rollback,
+  `edge.release.windows.FleetWindows`). When the rollout moves on (a step, a rollback,
   its end), the owner saves the document (a compare-and-set on its version and on the
   lease) and then publishes the pools' weights through the fleet's control
-  (`edge.upstream.fleet`), which every process applies within a second. An owner that
+  (`edge.routing.fleet`), which every process applies within a second. An owner that
   dies stops renewing: after `LEASE_S` another process takes the lease and goes on from
   the saved step (setting its weights again, in case they were not published).
 - Starting, pausing, resuming, aborting, through any process: the change is made to the
@@ -38,13 +38,13 @@ from typing import Any
 import orjson
 
 from edge.errors import ApiError
+from edge.release.plans import Plan
+from edge.release.rollouts import CHECK_INTERVAL_S, Rollout, Rollouts, act
+from edge.release.windows import Windows
+from edge.routing.fleet import FleetSync
+from edge.routing.registry import PoolRegistry
 from edge.store.base import StoreUnavailable
 from edge.store.rollouts import RolloutBoard
-from edge.upstream.fleet import FleetSync
-from edge.upstream.plans import Plan
-from edge.upstream.registry import PoolRegistry
-from edge.upstream.rollouts import CHECK_INTERVAL_S, Rollout, Rollouts, act
-from edge.upstream.windows import Windows
 
 log = logging.getLogger("sluice.edge")
 LEASE_S = 2.0  # the owner's lease; it renews it on every check

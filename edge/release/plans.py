@@ -1,5 +1,5 @@
 """Rollout plans, pure: what `POST /admin/rollouts` asks for, and the judgement of a canary
-against the stable pool. (Running a plan is `edge.upstream.rollouts`.)
+against the stable pool. (Running a plan is `edge.release.rollouts`.)
 
     {"canary": "v2", "stable": "v1",           # pool names ("stable": default, the one
                                                #  other pool taking traffic)
@@ -23,8 +23,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from edge.upstream.outcomes import WindowStats
-from edge.upstream.pools import PoolConfigError
+from edge.obs.outcomes import WindowStats
+from edge.routing.pools import PoolConfigError
 
 MAX_STEPS = 100
 

@@ -30,10 +30,10 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Protocol
 
+from edge.obs.outcomes import MAX_WINDOW_S, Outcome, WindowStats
+from edge.routing.registry import PoolRegistry
 from edge.store.base import StoreUnavailable
 from edge.store.windows import Bucket, WindowCounters
-from edge.upstream.outcomes import MAX_WINDOW_S, Outcome, WindowStats
-from edge.upstream.registry import PoolRegistry
 
 log = logging.getLogger("sluice.edge")
 FLUSH_S = 0.25

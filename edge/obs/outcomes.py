@@ -74,7 +74,7 @@ class PoolMetrics:
         self._window: deque[Outcome] = deque(maxlen=WINDOW_CAP)
         self.window_start = time.monotonic()  # a fresh window counts from here
         # With a shared store: the outcomes not yet added to the fleet's window
-        # (`edge.upstream.windows` swaps the list out; None: not collecting).
+        # (`edge.release.windows` swaps the list out; None: not collecting).
         self.pending: list[Outcome] | None = [] if collect else None
 
     def outcome(
