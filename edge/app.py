@@ -1,5 +1,5 @@
 """Bootstrap: the edge's ASGI stack, wired from the config, and its lifespan: the registry,
-session pinning, the background tasks (`Supervisor`) and their ordered shutdown."""
+session pinning and the background tasks (`Supervisor`), closed in a written order."""
 
 from __future__ import annotations
 
@@ -172,7 +172,8 @@ def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
 
 
 def secured(app: ASGIApp, config: EdgeConfig, state: EdgeState, store: Store) -> ASGIApp:
-    """`app` inside limits, authentication, CORS and observation (the module docstring)."""
+    """`app` inside, outermost first: observation (the one send wrapper) -> CORS ->
+    authentication -> limits, so a 401 or 429 is counted, logged and carries CORS headers."""
     sec = config.security
     keys = KeyStore(load_keys(sec.api_keys_file))
     admin_key = config.routing.admin_key

@@ -1,12 +1,7 @@
-"""The generation endpoints: parse and validate, pick a worker, hand a `Job` to the
-response. Chat, completions and browser streams share one prologue (`_prepare`) and all
-three run their upstream call through `FailoverCall`; resuming goes to the worker an
-event id names (`ResumeCall`).
-
-These handlers are plain ASGI endpoints dispatched by `edge.api.routes` without
-Starlette's per-route wrappers: the response they return writes through the one send
-path (`edge.obs.record`) for every event.
-"""
+"""The generation endpoints: chat, completions and browser streams share one prologue
+(`_prepare`: parse, place, a `FailoverCall`, a `Job`); a resume goes to the worker its
+event id names (`ResumeCall`). Plain ASGI endpoints (`edge.api.routes`), so every event
+takes the one send path and no Starlette wrapper."""
 
 from __future__ import annotations
 

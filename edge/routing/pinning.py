@@ -1,21 +1,7 @@
-"""Version pinning: the pool a conversation stays on, and the store that remembers it.
-
-A session (a conversation key: `X-Session-ID`, the OpenAI `user`, or the id in the edge's
-signed cookie) is placed once, by the pools' weights, and is then *pinned* to that pool:
-a weight change places new sessions only, so an ongoing dialogue keeps its version (and,
-by rendezvous on its key within the pool, its worker and KV cache). A pinned session
-moves, once, when its pool drains, is rolled back, is removed, or has no worker for it
-left; the `Assignment` says from where and why, and the response tells the client.
-
-Where pins live: a cookie carries its own pool (signed, so any edge replica with the same
-secret honours it, no state); header and `user` keys go through a `SessionStore`, by
-default `MemoryPins` (in this process: LRU, entries live for the session lifetime from
-their last use). The interface is async so that a shared store (Redis) can implement it.
-
-A new cookie session gets its id here, so the first request still goes where load says
-(a pool at random by weight, the less loaded of two workers) and the id is drawn until
-rendezvous maps it to that worker: the later turns, carrying the id, land on it too.
-"""
+"""Version pinning (`Pinning.place`): a session is placed once by the pools' weights, then
+stays on its pool until that drains, is rolled back or removed, or has no worker left for
+it. A new cookie session's id is drawn so that rendezvous maps it to the worker load
+chose. Pins live in the cookie, or in a `SessionStore` (`MemoryPins` in this process)."""
 
 from __future__ import annotations
 

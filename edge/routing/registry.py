@@ -1,16 +1,7 @@
-"""The pools of workers behind this edge, their runtime changes, and the choice of a worker.
-
-`PoolRegistry` holds pools with weights, picks workers (session affinity, weights, load,
-failover exclusions: the math is in `edge.routing.scores`; the worker within a pool by
-the pool's policy, `edge.routing.placement`), applies runtime changes for the admin API
-and keeps per-pool metrics. Background policies that watch it (the
-canary rollback, `edge.release.canary`) are started by the bootstrap, not by it.
-
-Changes apply to new requests at once (same event loop, no locks): a running call keeps
-its worker whatever happens to weights or membership; weights place new sessions only (a
-pinned one, `edge.routing.pinning`, stays in its pool until that drains or goes). A
-removed worker leaves rotation at once; its channel closes after its last call here.
-"""
+"""`PoolRegistry`: the pools of workers, the pick (`edge.routing.scores` for the math, each
+pool's `Placement` for the worker in it), runtime changes and per-pool metrics. Changes
+apply to new requests at once (one event loop, no locks); a running call keeps its
+worker, and a removed worker's channel closes after its last call here."""
 
 from __future__ import annotations
 

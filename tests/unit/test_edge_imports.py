@@ -27,7 +27,8 @@ ALLOWED = {
         "edge.routing", "edge.upstream", "edge.store", "edge.obs", "edge.errors", "edge.config",
     },
     "edge.release": {
-        "edge.release", "edge.routing", "edge.store", "edge.obs", "edge.errors", "edge.config",
+        "edge.release", "edge.routing", "edge.upstream", "edge.store", "edge.obs", "edge.errors",
+        "edge.config",
     },
     "edge.stream": {"edge.stream", "edge.upstream", "edge.obs", "edge.errors", "edge.config"},
     "edge.api": {
@@ -106,6 +107,8 @@ WRONG_WAY = [
     ("routing", "from edge.release.rollouts import Rollouts\n", "edge.release.rollouts",
      "edge.release"),
     ("release", "from edge.api.state import EdgeState\n", "edge.api.state", "edge.api"),
+    ("stream", "from edge.routing.pinning import Pinning\n", "edge.routing.pinning",
+     "edge.routing"),
 ]  # fmt: skip
 
 
