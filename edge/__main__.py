@@ -1,15 +1,7 @@
 """CLI: `python -m edge --worker localhost:50051 --port 8000` (console script `sluice-edge`).
 
-Shutdown order (SIGTERM/SIGINT):
-1. draining: /readyz answers 503 and new generations get 503 with Retry-After, while the
-   edge still listens, so load balancers and probes see it leave;
-2. in-flight streams get `--drain-grace` seconds to finish;
-3. uvicorn stops accepting and closes idle connections; streams still running end with
-   a retryable `event: error` (no id: the client resumes from its last event elsewhere)
-   and their gRPC calls are cancelled;
-4. the channels to the workers close.
-A second SIGINT (Ctrl-C) stops at once.
-"""
+Shuts down in the order ARCHITECTURE.md writes out (draining, the grace, uvicorn stops
+accepting, the lifespan closes); a second SIGINT (Ctrl-C) stops at once."""
 
 from __future__ import annotations
 
@@ -34,11 +26,11 @@ from edge.api.state import EdgeState
 from edge.app import create_app
 from edge.config import ENV_VAR, EdgeConfig, build_parser, config_from_args
 from edge.obs.logs import log_config
+from edge.routing.pools import PoolConfigError, build_pools
 from edge.security import tls
 from edge.security.auth import KeyFileError, load_keys
 from edge.security.cors import check_origins
 from edge.security.http_limits import LimitedConfig
-from edge.upstream.pools import PoolConfigError, build_pools
 
 log = logging.getLogger("sluice.edge")
 
@@ -71,7 +63,7 @@ class EdgeServer(uvicorn.Server):
             write_port_file(self.edge.server.port_file, self.port)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        """Drain (see the module docstring). Unlike uvicorn's own, the signal is not raised
+        """Drain (ARCHITECTURE.md's shutdown order). Unlike uvicorn's own, the signal is not raised
         again after the drain: a graceful stop exits 0."""
         if self.state.draining or self._loop is None:  # again, or before start-up ended
             if sig == signal.SIGINT:

@@ -1,17 +1,13 @@
-"""Bootstrap: the edge's ASGI stack, wired from the config, and the lifespan of its
-worker registry and background policies.
-
-Outermost first: observation (the one send wrapper: metrics, access log, on-complete
-callbacks) -> CORS -> authentication -> limits -> the dispatcher (generation routes
-straight to their handlers, the rest through Starlette). A 401 or 429 is therefore
-counted and logged, and carries CORS headers for browsers.
-"""
+"""Bootstrap: the edge's ASGI stack, wired from the config, and its lifespan: the registry,
+session pinning and the background tasks (`Supervisor`), closed in a written order."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -26,6 +22,13 @@ from edge.errors import ApiError
 from edge.obs import tracing
 from edge.obs.multiproc import SharedMetrics
 from edge.obs.record import ObsMiddleware
+from edge.release import canary
+from edge.release.fleet_rollouts import FleetRollouts
+from edge.release.rollouts import Rollouts
+from edge.release.windows import FleetWindows, LocalWindows, Windows
+from edge.routing.fleet import FleetSync
+from edge.routing.pinning import MemoryPins, Pinning, SessionStore
+from edge.routing.registry import registry_from_config
 from edge.security import tls
 from edge.security.auth import AuthMiddleware, KeyStore, load_keys
 from edge.security.cors import cors_middleware
@@ -33,21 +36,39 @@ from edge.security.limits import Limits, LimitsMiddleware
 from edge.store.base import Store
 from edge.store.control import Control
 from edge.store.guarded import Guarded
-from edge.store.memory import MemoryStore as LocalStore
+from edge.store.memory import MemoryStore
 from edge.store.pins import StorePins
 from edge.store.redis import RedisStore
 from edge.store.rollouts import RolloutBoard
 from edge.store.windows import WindowCounters
-from edge.upstream import canary
 from edge.upstream.channel import ChannelFactory, channel_options
-from edge.upstream.fleet import FleetSync
-from edge.upstream.fleet_rollouts import FleetRollouts
-from edge.upstream.registry import registry_from_config
-from edge.upstream.rollouts import Rollouts
-from edge.upstream.sessions import MemoryStore, Pinning, SessionStore
-from edge.upstream.windows import FleetWindows, LocalWindows, Windows
 
 log = logging.getLogger("sluice.edge")
+
+
+class Supervisor:
+    """The edge's background tasks. One that crashes is logged and the others go on;
+    `stop` cancels them last started first, each awaited before the next, so a policy
+    (rollouts, canary) stops before the windows and fleet state it reads."""
+
+    def __init__(self) -> None:
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        task.add_done_callback(_report)
+        self._tasks.append(task)
+
+    async def stop(self) -> None:
+        while self._tasks:
+            task = self._tasks.pop()
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)  # a crash is logged already
+
+
+def _report(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("background task %r crashed", task.get_name(), exc_info=exc)
 
 
 def channels(config: EdgeConfig) -> ChannelFactory:
@@ -69,7 +90,7 @@ def shared_store(config: EdgeConfig) -> Guarded | None:
     s = config.store
     if not s.url:
         return None
-    local = LocalStore(config.session.ttl_s, config.session.store_max)
+    local = MemoryStore(config.session.ttl_s, config.session.store_max)
     return Guarded(RedisStore(s.url, s.timeout_s, s.prefix), local, s.failure == "open")
 
 
@@ -80,7 +101,7 @@ def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
     factory = channels(config)
     tracing.setup(config.server.otlp_endpoint)  # off unless an OTLP endpoint is set
     shared = shared_store(config)
-    limits_store: Store = shared or LocalStore(config.session.ttl_s, 1)
+    limits_store: Store = shared or MemoryStore(config.session.ttl_s, 1)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -88,14 +109,15 @@ def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
         pins: SessionStore = (
             StorePins(shared, config.session.ttl_s)
             if shared is not None
-            else MemoryStore(config.session.ttl_s, config.session.store_max)
+            else MemoryPins(config.session.ttl_s, config.session.store_max)
         )
         pinning = state.pinning = Pinning(registry, pins)
         registry.start()
+        tasks = Supervisor()
         if config.server.metrics_dir:
             merged = SharedMetrics(config.server.metrics_dir, lambda: pages.render_metrics(state))
             state.shared_metrics = merged
-            registry.spawn(merged.run(), "metrics writer")
+            tasks.start(merged.run(), "metrics writer")
         control = counters = board = None
         windows: Windows = LocalWindows(registry)
         rollouts: Rollouts | FleetRollouts = Rollouts(registry)
@@ -103,13 +125,13 @@ def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
             s = config.store
             control = Control(s.url, s.timeout_s, s.prefix)
             fleet = state.fleet = FleetSync(registry, control)
-            registry.spawn(fleet.watch(), "fleet watch")
+            tasks.start(fleet.watch(), "fleet watch")
             counters = WindowCounters(s.url, s.timeout_s, s.prefix)  # canary windows summed
             shared_windows = FleetWindows(
                 registry, counters, lambda: max(canary.span(registry), rollouts.span())
             )
             windows = state.windows = shared_windows
-            registry.spawn(shared_windows.run(), "fleet windows")
+            tasks.start(shared_windows.run(), "fleet windows")
             board = RolloutBoard(s.url, s.timeout_s, s.prefix)
             rollouts = FleetRollouts(registry, board, fleet, windows)
         state.rollouts = rollouts
@@ -119,12 +141,13 @@ def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
             rollouts.render_metrics,
             *([shared.render_metrics] if shared is not None else []),
         ]
-        registry.spawn(canary.watch(registry, windows, state.fleet), "canary watch")
-        registry.spawn(rollouts.watch(), "rollouts watch")
+        tasks.start(canary.watch(registry, windows, state.fleet), "canary watch")
+        tasks.start(rollouts.watch(), "rollouts watch")
         try:
             yield
-        finally:
-            await registry.close()
+        finally:  # after uvicorn drained the streams; each step after the one before
+            await tasks.stop()  # rollouts, canary, fleet windows, fleet watch, metrics writer
+            await registry.close()  # its workers' watches and channels
             tracing.shutdown()  # flushes the last spans
             await limits_store.close()
             if control is not None:
@@ -149,7 +172,8 @@ def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
 
 
 def secured(app: ASGIApp, config: EdgeConfig, state: EdgeState, store: Store) -> ASGIApp:
-    """`app` inside limits, authentication, CORS and observation (the module docstring)."""
+    """`app` inside, outermost first: observation (the one send wrapper) -> CORS ->
+    authentication -> limits, so a 401 or 429 is counted, logged and carries CORS headers."""
     sec = config.security
     keys = KeyStore(load_keys(sec.api_keys_file))
     admin_key = config.routing.admin_key

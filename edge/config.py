@@ -1,22 +1,7 @@
-"""Edge configuration, declared once: nested dataclasses whose fields carry their CLI flag.
-
-    EdgeConfig
-      server      listening socket, processes, drain, logs
-      stream      SSE framing, heartbeats, deadlines, resume
-      routing     pools, retries, continuation, passive health
-      session     the sticky session cookie and the pinning store
-      security    API keys, limits, CORS
-      store       the shared store (Redis) limits and pins live in, its failure mode
-      worker_tls  TLS / mTLS towards the workers
-
-Each field with a flag is declared with `option(default, "--flag", "help")`; the parser
-(`build_parser`) and the conversion back (`config_from_args`) are made from those
-declarations, so a flag, its field, its default and its help live on one line. With
-`--processes N` the parent passes the whole config to its uvicorn processes as JSON in
-`$SLUICE_EDGE_CONFIG` (`to_env` / `from_env`).
-
-This module imports nothing from the edge's layers: they import it for their section.
-"""
+"""The edge's configuration, declared once: nested sections (`EdgeConfig`) whose fields carry
+their flag (`option(default, "--flag", "help")`); the parser and `config_from_args` are
+made from those. `--processes N` passes it to each process as JSON (`$SLUICE_EDGE_CONFIG`).
+Imports nothing from the edge's layers: they import it for their section."""
 
 from __future__ import annotations
 
@@ -36,7 +21,7 @@ SECRET_ENV = "SLUICE_RESUME_SECRET"
 ADMIN_KEY_ENV = "SLUICE_ADMIN_KEY"
 CONTINUE_MODES = ("never", "sampled", "always")
 # How a worker is chosen within a pool for a request without a session key
-# (`edge.upstream.routing`); a pool may set its own (`policy` in the pools file).
+# (`edge.routing.scores`); a pool may set its own (`policy` in the pools file).
 POLICIES = ("session", "cache_aware", "least_load", "random")
 
 

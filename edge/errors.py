@@ -1,10 +1,6 @@
-"""Edge errors and the one table from gRPC status codes to HTTP.
-
-Before the first byte an `ApiError` becomes an HTTP status with an OpenAI-style body
-`{"error": {"message", "type", "param", "code"}}`; after streaming started it becomes the
-stream's final `event: error` (same object plus `retryable`). Messages are always ours or
-the worker's status details: never a traceback.
-"""
+"""Edge errors and the one gRPC status -> HTTP table. Before the first byte an `ApiError` is an
+HTTP status with an OpenAI error body; after it, the stream's final `event: error` (plus
+`retryable`). Messages are ours or the worker's status details: never a traceback."""
 
 from __future__ import annotations
 

@@ -1,31 +1,8 @@
-"""The admin HTTP API: pools, weights, workers and rollout plans at runtime.
+"""The admin HTTP API (`ROUTES`): pools, weights, workers and rollout plans at runtime.
 
-Off unless a key is configured (`--admin-key` or `$SLUICE_ADMIN_KEY`): the bootstrap then
-does not install these routes, so they answer 404 as if they did not exist. The key
-itself is checked in one place, `edge.security.auth` (none sent: 401, a wrong one: 403).
-Changes apply to new requests at once and never move an in-flight stream.
-
-    GET    /admin/pools                          pools, weights, workers, recent outcomes
-    POST   /admin/pools                          {"name", "version", "weight", "workers",
-                                                  "rollback"}: a new pool
-    GET    /admin/pools/{name}                   one pool
-    DELETE /admin/pools/{name}                   remove a pool (its streams finish)
-    PUT    /admin/pools/{name}/weight            {"weight": 5}
-    POST   /admin/pools/{name}/workers           {"address": "host:port"}
-    DELETE /admin/pools/{name}/workers/{worker}  by address or id (its streams finish)
-    POST   /admin/pools/{name}/drain             no new sessions; pinned ones move on
-    GET    /admin/rollouts                       the active rollout, all kept, histories
-    POST   /admin/rollouts                       a plan (`edge.upstream.plans`): started
-    GET    /admin/rollouts/{id}                  one rollout
-    POST   /admin/rollouts/{id}/{action}         pause, resume, abort
-
-With a shared store (`--store-url`), a change to the pools is published as the fleet's
-new state (`edge.upstream.fleet`) and applied by every process of every replica within
-about a second; if it cannot be published, the answer is 503 (applied here only).
-Rollouts too are the fleet's then (`edge.upstream.fleet_rollouts`: started, read and
-acted on through any replica, run by one process; `GET /admin/rollouts` names it as
-`owner`). Without one, state is per edge process.
-"""
+Installed only with an admin key (else 404, as if absent); `edge.security.auth` checks the
+key. Changes apply to new requests and never move a running stream; with a shared store
+they are the fleet's (503 when a change cannot be published: applied here only)."""
 
 from __future__ import annotations
 
@@ -38,13 +15,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from edge.errors import ApiError, error_response
+from edge.release.fleet_rollouts import FleetRollouts
+from edge.release.plans import parse_plan
+from edge.release.rollouts import Rollouts
+from edge.release.windows import FleetWindows
+from edge.routing.pools import PoolConfigError, parse_pool, parse_weight
+from edge.routing.registry import PoolRegistry
 from edge.store.base import StoreUnavailable
-from edge.upstream.fleet_rollouts import FleetRollouts
-from edge.upstream.plans import parse_plan
-from edge.upstream.pools import PoolConfigError, parse_pool, parse_weight
-from edge.upstream.registry import PoolRegistry
-from edge.upstream.rollouts import Rollouts
-from edge.upstream.windows import FleetWindows
 
 MAX_ADMIN_BODY = 64 * 1024
 
@@ -188,6 +165,11 @@ async def act_on_rollout(request: Request, registry: PoolRegistry) -> Response:
     return _json(await _rollouts(request).act(rid, action))
 
 
+# Bodies: POST /admin/pools {"name", "version", "weight", "workers", "rollback", "policy"};
+# PUT .../weight {"weight": 5}; POST .../workers {"address": "host:port"} (DELETE by
+# address or id: its streams finish); POST .../drain: no new sessions, pinned ones move
+# on; POST /admin/rollouts a plan (`edge.release.plans.parse_plan`); actions: pause,
+# resume, abort. `publish=True`: with a shared store the change goes to the fleet.
 ROUTES = [
     Route("/admin/pools", _admin(list_pools), methods=["GET"]),
     Route("/admin/pools", _admin(create_pool, publish=True), methods=["POST"]),

@@ -1,18 +1,6 @@
-"""A request's session as HTTP: its key, the edge's signed sticky cookie, and the response
-headers that say where it went (`edge.upstream.sessions` does the placing and pinning).
-
-The key is, in this order: the `X-Session-ID` header, the OpenAI `user` field, the session
-cookie (`user` first: one SDK client keeps one cookie jar for all the users it names). A
-request with none gets a cookie (`--session-cookie`, default
-`sluice_session`): `<session id>.<pool, base64url>.<issued, unix s>.<HMAC>`, signed with a
-key derived from the resume secret (so every edge replica sharing it honours it), living
-`--session-ttl` (2 h). It is sent again when the session's pool changed or half its life
-has passed. A cookie that does not verify (another secret, a client's own value) is a plain
-key, pinned through the store like a header.
-
-Every routed response names its pool (`x-sluice-pool`); a session that had to leave its
-pool says so once (`x-sluice-session-moved: <old pool>; reason=<why>`).
-"""
+"""A request's session as HTTP: its key, the signed sticky cookie (`CookieCodec`) and the
+headers that say where it went (`edge.routing.pinning` places). A cookie that does not
+verify (another secret, a client's own value) is a plain key, pinned like a header."""
 
 from __future__ import annotations
 
@@ -27,9 +15,9 @@ from starlette.requests import Request
 
 from edge.config import SessionConfig
 from edge.obs.record import record_of
-from edge.upstream.prefix import Prompt
-from edge.upstream.routing import MAX_KEY_CHARS, SESSION_COOKIE, SESSION_HEADER
-from edge.upstream.sessions import Pinning
+from edge.routing.pinning import Pinning
+from edge.routing.prefix import Prompt
+from edge.routing.scores import MAX_KEY_CHARS, SESSION_COOKIE, SESSION_HEADER
 from edge.upstream.worker import Worker
 
 POOL_HEADER = b"x-sluice-pool"
@@ -46,7 +34,9 @@ def _unb64(text: str) -> bytes:
 
 
 class CookieCodec:
-    """Signs and reads the sticky cookie (see the module docstring)."""
+    """Signs and reads the sticky cookie: `<session id>.<pool, base64url>.<issued, unix
+    s>.<HMAC>`, keyed from the resume secret (every replica sharing it honours it). It is
+    sent again when the session's pool changed or half its life has passed."""
 
     def __init__(self, secret: bytes, config: SessionConfig) -> None:
         self._key = hmac.new(secret, b"sluice session cookie v1", hashlib.sha256).digest()

@@ -1,11 +1,7 @@
-"""What OpenAI requests ask of the output's shape, in the contract's terms: structured
-outputs (`response_format`, and vLLM's `structured_outputs` / `guided_*` extensions) and
-function tools (`tools`, `tool_choice`, `parallel_tool_calls`, calls in the history).
-
-Each reader returns protobuf messages or raises a 400 naming the parameter. What needs
-the model (compiling a schema, the chat template) is the worker's to check; its
-INVALID_ARGUMENT comes back naming the same parameter.
-"""
+"""What OpenAI requests ask of the output's shape, as the contract's messages: structured
+outputs (`response_format`, vLLM's `structured_outputs` / `guided_*`) and function tools.
+Each reader returns protobuf or raises a 400 naming the parameter; what needs the model
+(compiling a schema, the chat template) is the worker's to check."""
 
 from __future__ import annotations
 

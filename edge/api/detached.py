@@ -1,12 +1,6 @@
-"""Browser streams' detached generations, held against their key's stream limit.
-
-`POST /v1/streams` starts a generation that runs on with nobody reading, for the stream
-grace, until its link is opened. Its stream slot (`--max-streams-per-key`) is kept past
-the POST: released when a reader of the link gets the final message, or when the grace
-runs out with nobody reading (the worker aborts the generation then too). A reader that
-leaves early starts the grace again. The hold is this process's (the link is read
-through it or its grace ends here); the slot itself is in the limits' store.
-"""
+"""Browser streams' detached generations (`POST /v1/streams`): each holds its key's stream
+slot until a reader of its link gets the final message, or the grace ends with nobody
+reading (the worker aborts it then). The hold is this process's; the slot is the store's."""
 
 from __future__ import annotations
 

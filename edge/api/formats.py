@@ -1,11 +1,6 @@
-"""OpenAI response objects: streamed chunks (bytes, built from per-stream templates) and
-whole non-streaming responses.
-
-Per token the hot path is one `orjson.dumps(text)` between a prefix and a suffix made
-once per stream; everything that does not change within a stream is encoded up front.
-The other shapes (n > 1, tool calls, usage in every chunk) go through `events`, which
-builds each chunk as an object: a stream with them is a "rich" job (`Job.rich`).
-"""
+"""OpenAI chunks and whole responses. Per token the fast path is one `orjson.dumps(text)`
+between a prefix and a suffix made once per stream; the rich shapes (n > 1, tool calls,
+usage in every chunk) build each chunk as an object (`events`; `Job.rich`)."""
 
 from __future__ import annotations
 

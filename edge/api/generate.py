@@ -1,12 +1,7 @@
-"""The generation endpoints: parse and validate, pick a worker, hand a `Job` to the
-response. Chat, completions and browser streams share one prologue (`_prepare`) and all
-three run their upstream call through `FailoverCall`; resuming goes to the worker an
-event id names (`ResumeCall`).
-
-These handlers are plain ASGI endpoints dispatched by `edge.api.routes` without
-Starlette's per-route wrappers: the response they return writes through the one send
-path (`edge.obs.record`) for every event.
-"""
+"""The generation endpoints: chat, completions and browser streams share one prologue
+(`_prepare`: parse, place, a `FailoverCall`, a `Job`); a resume goes to the worker its
+event id names (`ResumeCall`). Plain ASGI endpoints (`edge.api.routes`), so every event
+takes the one send path and no Starlette wrapper."""
 
 from __future__ import annotations
 
@@ -38,13 +33,13 @@ from edge.errors import ApiError, from_status
 from edge.obs import tracing
 from edge.obs.logs import TRACE_RE
 from edge.obs.record import record_of
+from edge.routing.prefix import Prompt
 from edge.stream.ids import PART_DONE, Origin, ResumePoint, bad_event_id, not_yours
 from edge.stream.job import Format, Job
 from edge.stream.response import GenerationResponse
 from edge.upstream.calls import ResumeCall
 from edge.upstream.continuation import split_id
 from edge.upstream.failover import FailoverCall, Route
-from edge.upstream.prefix import Prompt
 from generated import sluice_pb2 as pb
 
 TRACE_HEADER = "x-request-id"

@@ -1,18 +1,7 @@
-"""A request's priority class and tenant, as the worker's admission queue takes them.
-
-The class (high, normal, low) comes from, first to last:
-
-- the `X-Sluice-Priority` header (`high`, `normal` or `low`; anything else is a 400);
-- OpenAI's `service_tier`: `priority` and `scale` are high, `flex` low, `default` and
-  `auto` the key's class;
-- the API key's class (`--key-priority NAME=CLASS`, repeatable; unlisted keys: normal).
-
-A key's class is also its ceiling: a header asking for more is a 403 (`priority_not_allowed`),
-a `service_tier` asking for more is served at the key's class (as OpenAI serves a tier
-the account does not have). Lower is always allowed. With authentication off any class
-may be asked for. The tenant, which the worker shares a class's capacity between, is the
-API key's name (empty with authentication off: one tenant).
-"""
+"""A request's priority class (high, normal, low) and tenant, as the worker's admission queue
+takes them: `X-Sluice-Priority`, else `service_tier`, else the key's class, which is also
+its ceiling (a header above it: 403; a tier above it: served at the key's class). The
+tenant is the API key's name (one tenant with authentication off)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""vLLM's render endpoints: the token ids a request's prompt becomes, without generating.
-
-`POST /v1/chat/completions/render` and `POST /v1/completions/render` take the body of the
-matching generation endpoint (validated the same way) and answer as vLLM's own server
-does: a `GenerateRequest` (`request_id`, `token_ids`), a list of one for completions.
-Token-aware routers in front of edges need them: vllm-router's `cache_aware` policy
-renders each request on a backend to route on its tokens, and without these endpoints it
-falls back to load alone. The tokens come from a worker serving the model (`Tokenize`,
-chat template included), so they are exactly what a generation would prefill.
-"""
+"""vLLM's render endpoints (`/v1/chat/completions/render`, `/v1/completions/render`): a
+prompt's token ids, answered as vLLM's server does, so token-aware routers (vllm-router's
+`cache_aware`) can put edges behind them. A worker's `Tokenize` makes them (template
+included): exactly what a generation would prefill."""
 
 from __future__ import annotations
 

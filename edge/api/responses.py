@@ -1,21 +1,7 @@
-"""OpenAI's Responses API (`POST /v1/responses`) over the same generations: the request
-as a chat generation, and the response as named SSE events or one `response` object.
-
-Request: `input` (a string, or items: messages with text content, `function_call` and
-`function_call_output`), `instructions` (a system message first), `max_output_tokens`,
-sampling, `text.format` (structured output), function `tools`, `tool_choice`,
-`parallel_tool_calls`. `previous_response_id` and `store: true` need stored responses,
-which this server does not keep: they are refused by name.
-
-Stream: `response.created`, `response.in_progress`, then per output item
-`response.output_item.added` (+ `response.content_part.added` for text),
-`response.output_text.delta` / `response.function_call_arguments.delta`, their `.done`
-events, `response.output_item.done`, and `response.completed` (`response.incomplete`
-when `max_output_tokens` cut it). Each event carries `sequence_number` = the edge's event
-counter, and our resumable `id:`. The events depend on everything before them (which
-item is open, the text so far), so a resume replays the generation from its start and
-skips the events the client has (`replay_from_start`).
-"""
+"""OpenAI's Responses API (`POST /v1/responses`): the request as a chat generation, the
+response as named SSE events or one `response` object. `previous_response_id` and
+`store: true` are refused by name (no responses are kept); each event depends on all
+before it, so a resume replays from the start (`replay_from_start`)."""
 
 from __future__ import annotations
 
@@ -136,7 +122,10 @@ def _tools(body: dict[str, Any]) -> list[pb.Tool]:
 
 
 def parse_responses(body: dict[str, Any]) -> GenRequest:
-    """A /v1/responses body -> GenRequest, or a 400."""
+    """A /v1/responses body -> GenRequest, or a 400: `input` (a string, or messages,
+    `function_call` and `function_call_output` items), `instructions` (a system message
+    first), `max_output_tokens`, sampling, `text.format`, function `tools`, `tool_choice`,
+    `parallel_tool_calls`."""
     refuse_unsupported(body, _UNSUPPORTED)
     if body.get("store") is True:
         raise invalid("store", "'store' is not supported: this server keeps no responses")
@@ -181,7 +170,11 @@ def _usage(u: pb.Usage) -> dict[str, Any]:
 
 
 class ResponsesFormat:
-    """One generation as Responses API events (`edge.stream.job.Format`)."""
+    """One generation as Responses API events (`edge.stream.job.Format`):
+    `response.created`, `response.in_progress`, per output item `output_item.added`
+    (+ `content_part.added`), `output_text.delta` / `function_call_arguments.delta`,
+    their `.done`, `output_item.done`, then `response.completed` (or `.incomplete` when
+    `max_output_tokens` cut it). `sequence_number` is the edge's event counter."""
 
     replay_from_start = True
     include_usage = False

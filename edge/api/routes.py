@@ -1,10 +1,6 @@
-"""The edge's HTTP routes, in one table, and the dispatcher in front of them.
-
-The generation routes (chat, completions, browser streams) are dispatched here directly
-as plain ASGI: no Starlette route, request-response or exception wrappers sit between
-their response and the one send path, which every one of their events takes. Every
-other route (pages, health, metrics, models, admin) is an ordinary Starlette route.
-"""
+"""The edge's routes in one table, and the dispatcher in front of them: generation routes go
+straight to their ASGI handlers (no Starlette wrapper between their events and the one
+send path); every other route is an ordinary Starlette route."""
 
 from __future__ import annotations
 

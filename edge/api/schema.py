@@ -1,10 +1,6 @@
-"""OpenAI request bodies: parsing, validation before the 200, and conversion to the contract.
-
-`parse_chat` / `parse_completion` take the decoded JSON body and return a `GenRequest` or
-raise `ApiError` (400) naming the offending parameter in `param`. Checks that need the
-model (context window, tokenization) stay with the worker, whose INVALID_ARGUMENT comes
-back through `edge.errors` with the field mapped to the OpenAI name.
-"""
+"""OpenAI request bodies: parsed, validated before the 200 (`ApiError` 400 naming `param`)
+and converted to the contract. What needs the model (context window, tokens) is the
+worker's to check; its INVALID_ARGUMENT comes back with the OpenAI field name."""
 
 from __future__ import annotations
 

@@ -14,13 +14,13 @@ from edge.config import EdgeConfig
 from edge.errors import no_worker
 from edge.obs.metrics import Metrics
 from edge.obs.multiproc import SharedMetrics
+from edge.release.fleet_rollouts import FleetRollouts
+from edge.release.rollouts import Rollouts
+from edge.release.windows import FleetWindows
+from edge.routing.fleet import FleetSync
+from edge.routing.pinning import Pinning
+from edge.routing.registry import PoolRegistry
 from edge.stream.ids import ResumeCodec
-from edge.upstream.fleet import FleetSync
-from edge.upstream.fleet_rollouts import FleetRollouts
-from edge.upstream.registry import PoolRegistry
-from edge.upstream.rollouts import Rollouts
-from edge.upstream.sessions import Pinning
-from edge.upstream.windows import FleetWindows
 
 
 @dataclass(slots=True)

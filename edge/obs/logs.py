@@ -1,15 +1,6 @@
-"""Edge logging: text for people or one JSON object per line (`--log-format json`), and
-in JSON mode one access record per request.
-
-The access record (logger `sluice.edge.access`, written by `edge.obs.record`) carries
-`request_id` (the generation's id, which the worker logs as `request_id` too), `trace_id`
-(the client's X-Request-Id when it sent a usable one, passed to the worker as gRPC
-metadata `x-request-id`, which the worker logs as `trace_id`), method, route (the
-template: stream-link capabilities never reach the log), status, duration (until the
-last byte of a stream), token counts, the API key's name, bytes sent and the client
-address. The configuration is a `logging.config.dictConfig` dict that uvicorn applies in
-every process, so `--processes N` processes log the same way.
-"""
+"""Edge logging: text, or one JSON object per line (`--log-format json`) with one access
+record per request (`access_record`, logger `sluice.edge.access`). A `dictConfig` dict
+that uvicorn applies in every process, so `--processes N` processes log alike."""
 
 from __future__ import annotations
 
@@ -68,7 +59,10 @@ def log_config(fmt: str, level: str) -> dict[str, Any]:
 
 
 def access_record(scope: Scope, rec: RequestRecord, duration_s: float) -> dict[str, Any]:
-    """The access record's fields (see the module docstring)."""
+    """The access record's fields: method, route (the template: stream-link capabilities
+    never reach the log), status, duration (to a stream's last byte), bytes, the key's
+    name, the client; `request_id` (the generation's, as the worker logs it) and
+    `trace_id` (the client's X-Request-Id when usable, the worker's `trace_id` too)."""
     out: dict[str, Any] = {
         "method": scope["method"],
         "route": rec.route,

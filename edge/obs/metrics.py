@@ -1,10 +1,6 @@
-"""The edge's own counters and histograms, and their exposition (`/metrics`).
-
-Values are per edge process; with `--processes N` a scrape merges every process's
-(`edge.obs.multiproc`). The hot
-path touches plain ints and `Histogram`s only: one `event_written` call per SSE event
-(its write overhead and the gap since the stream's previous event, one clock read).
-"""
+"""The edge's own counters and histograms (`/metrics`), per process (`edge.obs.multiproc`
+merges them). The hot path touches plain ints and `Histogram`s only: one `event_written`
+per SSE event."""
 
 from __future__ import annotations
 

@@ -1,16 +1,7 @@
-"""Metrics that add up with `--processes N`: every process writes its exposition to a
-directory the parent made, and `/metrics` in any of them answers for them all.
-
-Each process renders its own metrics as ever (the hot path is untouched: plain ints and
-lock-free histograms) and writes them to `<dir>/<pid>.prom` every `INTERVAL_S` and at
-exit (write to a temporary file, then rename: a reader never sees half a file). A scrape
-writes its own process's file fresh and merges every file (`merge`): counters and
-histograms are summed, as are gauges of things in flight; other gauges (weights, window
-figures, workers serving, store up) take the highest value, start times the lowest. A
-process that has exited still counts with what it last wrote, as Prometheus's own
-multiprocess mode keeps dead processes' counters. So a scrape sees the other processes'
-figures at most `INTERVAL_S` old.
-"""
+"""`--processes N` metrics: each process writes its exposition to `<dir>/<pid>.prom` (a
+temporary file, renamed) every `INTERVAL_S` and at exit; a scrape of any writes its own
+fresh and merges them all (`merge`). An exited process still counts with what it last
+wrote, as Prometheus's own multiprocess mode keeps dead processes' counters."""
 
 from __future__ import annotations
 

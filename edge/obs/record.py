@@ -1,17 +1,7 @@
-"""One record per HTTP request, and the one `send` wrapper every response goes through.
-
-`ObsMiddleware` is the outermost layer of the edge. It puts a `RequestRecord` into the
-scope (`RECORD`), which the inner layers fill (security: the caller; the stream: request
-and trace ids, tokens, finish), and wraps `send` once: the status is counted in the
-metrics when the response starts (and the record's extra `headers` are added), bytes are
-added up, the record's `on_complete` callbacks run as the last byte goes out (a limit's
-slot is free before the client can send its next request), and in JSON log mode one
-access record is written at the end.
-No other layer wraps `send`.
-
-Routes with parameters are counted under their template (`/v1/streams/{token}`), so
-labels stay few and capabilities never become label values.
-"""
+"""One record per HTTP request (`RequestRecord`, in the scope under `RECORD`, filled by the
+inner layers) and the one `send` wrapper (`ObsMiddleware`, outermost): status and extra
+headers at the start, bytes, `on_complete` as the last byte goes out, the access record.
+Routes with parameters count under their template: capabilities never become labels."""
 
 from __future__ import annotations
 

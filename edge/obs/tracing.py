@@ -1,21 +1,7 @@
-"""OpenTelemetry tracing of the edge, off by default.
-
-On when `--otlp-endpoint` is given or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT /
-OTEL_EXPORTER_OTLP_ENDPOINT is set (and OTEL_SDK_DISABLED is not "true"); spans go to that
-OTLP/gRPC endpoint in batches (the SDK's OTEL_BSP_* variables tune them). Spans:
-
-- `request` (server): one per HTTP request, child of the client's W3C `traceparent` when
-  it sent one, else a new trace; `ObsMiddleware` makes it current for the request's task;
-- `route`: the worker pick (the session's placement and each retry's), with the worker and
-  pool;
-- `attempt` (client): each upstream `Generate` on a worker, numbered, with its outcome;
-  retries and continuations are further attempts of the same request. The attempt's own
-  `traceparent` goes to the worker in the call's gRPC metadata, so the worker's spans
-  are its children.
-
-With tracing off every hook is one check of a module global: nothing is imported, made
-or sent, and the token path has no hook at all.
-"""
+"""OpenTelemetry for the edge, off by default (on with `--otlp-endpoint` or
+`OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT`): `request`, `route` and `attempt` spans, the
+attempt's `traceparent` sent to the worker. Off, every hook is one check of a module
+global, and the token path has none."""
 
 from __future__ import annotations
 
@@ -37,7 +23,8 @@ _provider: Any = None
 
 
 def setup(flag: str, service: str = "sluice-edge") -> bool:
-    """Turn tracing on when an endpoint is configured (see the module docstring)."""
+    """Turn tracing on when an endpoint is configured (`sluice_common.otel`: the flag, else
+    the OTEL_ variables, unless OTEL_SDK_DISABLED); spans go there by OTLP/gRPC in batches."""
     global _tracer, _provider
     endpoint = otel.endpoint_from_env(flag)
     if not endpoint:

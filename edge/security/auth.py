@@ -1,38 +1,7 @@
-"""API keys and the admin key: who may call which path of the edge.
-
-Keys come from `--api-keys-file` and/or `$SLUICE_API_KEYS`, one entry per line (or
-comma-separated in the environment variable):
-
-    # comment
-    <key>                   a key in clear (named key-<first 8 hex of its SHA-256>)
-    <name>:<key>            a named key in clear
-    sha256:<64 hex>         a key's SHA-256, so the file holds no secret
-    <name>:sha256:<64 hex>  the same, named (the recommended form)
-
-`python -m edge.security.auth new-key --name NAME` makes a random key and prints the line to store;
-`python -m edge.security.auth hash-key --name NAME` reads a key on stdin and prints its line. Names
-appear in logs and pick the rate-limit bucket: two keys under one name share limits,
-which is how a key is rotated (add the new one under the same name, roll out, remove the
-old one). Keys in clear are hashed as they are read; only digests are kept in memory.
-
-Why a SHA-256 digest and a dict lookup are safe against timing attacks: the request's
-key is hashed first and only the digest is compared. A timing difference could at most
-tell an attacker how many leading bytes of SHA-256(their guess) match a stored digest,
-which does not help find a key (that would take a SHA-256 preimage); Python's randomized
-bytes hash also makes bucket positions unpredictable. The final `hmac.compare_digest`
-is belt and braces. Keys are random 256-bit tokens, so an unsalted fast hash suffices
-(as for GitHub or Stripe tokens); do not use passwords as keys.
-
-Who may call what (the one table, `classify`):
-- public: `GET /`, `/health`, `/healthz`, `/readyz`, `GET /v1/streams/{token}` (the link is an
-  unguessable, expiring, signed capability; EventSource cannot send headers).
-- admin: `/metrics` and `/admin/...`: the admin key (`--admin-key`/`$SLUICE_ADMIN_KEY`);
-  none sent is a 401, a wrong one a 403. With no admin key, `/admin` is off (its routes
-  are not installed: 404) and `/metrics` is open only while no API key
-  is configured either (development); with API keys it is then refused (403).
-- every other path, including ones added later and unknown ones: an API key, when any
-  is configured; with none, authentication is off (a warning is logged at start).
-"""
+"""API keys and the admin key: who may call which path (`classify`, the one table). Only
+SHA-256 digests are kept; a key's name picks its limits, so two keys under one name share
+them (how a key is rotated). `python -m edge.security.auth new-key|hash-key --name NAME`
+prints a key line. Unknown paths need a key: a route added later is never open by mistake."""
 
 from __future__ import annotations
 
@@ -81,7 +50,13 @@ def default_name(hex_digest: str) -> str:
 
 
 def parse_entry(line: str) -> tuple[str, str]:
-    """One key line -> (name, lowercase hex SHA-256). Raises KeyFileError."""
+    """One key line -> (name, lowercase hex SHA-256). Raises KeyFileError.
+
+    <key>                   a key in clear (named key-<first 8 hex of its SHA-256>)
+    <name>:<key>            a named key in clear
+    sha256:<64 hex>         a key's SHA-256, so the file holds no secret
+    <name>:sha256:<64 hex>  the same, named (the recommended form)
+    """
     line = line.strip()
     if m := _HASHED.fullmatch(line):
         hexd = m.group(2).lower()
@@ -144,7 +119,13 @@ class KeyStore:
         return {name for _, name in self._keys.values()}
 
     def identify(self, key: str) -> str | None:
-        """The name of `key`, or None (see the module docstring on timing)."""
+        """The name of `key`, or None.
+
+        Safe against timing attacks: only digests are compared, so a timing difference
+        could at most tell how many leading bytes of SHA-256(a guess) match a stored
+        digest, which does not help find a key (that takes a preimage). Keys are random
+        256-bit tokens, so an unsalted fast hash suffices; do not use passwords as keys.
+        """
         d = digest(key)
         found = self._keys.get(d)
         if found is None:
@@ -156,7 +137,16 @@ class KeyStore:
 
 
 def classify(method: str, path: str) -> str:
-    """PUBLIC, ADMIN or API for a request (the table in the module docstring)."""
+    """PUBLIC, ADMIN or API for a request: the one access table.
+
+    - public: `GET /`, `/health`, `/healthz`, `/readyz`, `GET /v1/streams/{token}` (an
+      unguessable, expiring, signed capability: EventSource cannot send headers);
+    - admin: `/metrics` and `/admin/...` (the admin key: none sent 401, a wrong one 403;
+      with no admin key `/admin` is not installed and `/metrics` is open only while no
+      API key is configured either);
+    - every other path, unknown and future ones included: an API key, when any is
+      configured (none: authentication is off, with a warning at start).
+    """
     if path in _PUBLIC_PATHS or _STREAM_LINK.fullmatch(path):
         # A stream link is public to read; POST /v1/streams (one segment less) is API.
         if method in _READ_METHODS:

@@ -1,11 +1,7 @@
-"""CORS for browsers on other origins: an allowlist (`--cors-origin`, repeatable).
-
-Starlette's CORSMiddleware does the work; this module fixes the policy. Requests carry
-the key in `Authorization`, never in cookies, so responses never allow credentials and
-`*` (allowed only alone) means "any origin, no credentials". Preflights for POST with
-Authorization and Content-Type are answered before authentication (they carry no key);
-error responses (401, 429, ...) carry the CORS headers too, so a page can read them.
-"""
+"""CORS for browsers on other origins: Starlette's CORSMiddleware over an allowlist
+(`--cors-origin`). Keys travel in `Authorization`, never in cookies, so credentials are
+never allowed and `*` means any origin without them; preflights are answered before
+authentication, and errors (401, 429) carry the headers too."""
 
 from __future__ import annotations
 

@@ -1,14 +1,7 @@
-"""Bounds on request heads, at the HTTP protocol itself: size, header count, and time.
-
-uvicorn's httptools protocol has none: a client could send headers without end, or one
-byte a minute, and hold a connection (and its buffers) for as long as it likes. This
-subclass counts a request head's bytes (as parsed, and as read while the head has not
-ended) and its header lines, and starts a deadline when a connection opens or a request begins:
-- more than `--max-header-bytes` or `--max-headers`: 431 and the connection closed;
-- the head not complete within `--header-timeout`: 408 and the connection closed.
-Bodies are bounded elsewhere (`--max-body-bytes`). nginx's `large_client_header_buffers`
-and `client_header_timeout` are rendered from the same values (scripts/deploy).
-"""
+"""Bounds on request heads in uvicorn's httptools protocol, which has none (a client could
+hold a connection with an endless head, or one byte a minute): over `--max-header-bytes`
+or `--max-headers` 431, not complete within `--header-timeout` 408, the connection closed.
+nginx's `large_client_header_buffers` and `client_header_timeout` use the same values."""
 
 from __future__ import annotations
 

@@ -1,38 +1,7 @@
-"""Per-key limits at the edge: requests per second, concurrent generations, tokens per
-minute, prompt size; kept in a store so that they hold for the whole fleet.
-
-- Rate: a token bucket per caller (`--rate-limit` per second, `--rate-burst` deep) over
-  every request that needs an API key. Past it: 429 `rate_limit_exceeded` with
-  Retry-After (when the bucket holds a token again).
-- Concurrency: at most `--max-streams-per-key` generations (`/v1/chat/completions`,
-  `/v1/completions`, `/v1/responses`, streamed or not, and browser streams: `POST
-  /v1/streams` keeps its slot while its detached generation may still run, see
-  `edge.api.detached`) in flight per caller. Past it: 429 `concurrency_limit_exceeded`.
-  A slot is a lease in the store, held until the response's last byte is sent (the
-  record's `on_complete`, run by `edge.obs.record`'s send wrapper) or the request's ASGI
-  call returns, whichever comes first: the stream ended, or the client went away.
-- Tokens: `--tpm-limit` tokens (prompt + completion) per minute per caller, a bucket
-  refilling at a 60th of it a second. A generation reserves its most (`max_tokens` x n
-  plus the prompt's characters / 4) once its body is parsed (`rec.reserve`, called by
-  `edge.api.generate`), and settles with its real usage at the end, giving back what it
-  did not use (or owing what it used beyond). Past it: 429 `tokens_limit_exceeded`
-  with Retry-After from the bucket. A generation whose usage is unknown at its end (the
-  client left mid-stream, a browser stream detached) keeps its reservation.
-
-Store calls per generation, with every limit on: one at admission (the rate's token,
-then the slot: `Store.admit`; a refused slot keeps the token spent, the rate counting
-every request), one for the reservation once the body is parsed, one at the end (the
-slot's release with the settlement: `Store.finish`). A limit that is off costs none.
-
-The prompt's size (`--max-prompt-chars`) is checked with the request's other fields
-(`edge.api`); the body itself is bounded by `--max-body-bytes` (413).
-
-The caller is the API key's name (set by `edge.security.auth` in the request's record);
-with authentication off, every request is the one caller "anonymous", so the limits
-become edge-wide. Where the state lives is the store's business (`edge.store`): this
-process alone by default, the whole fleet with `--store-url`; when the shared store
-fails, its failure mode decides (local limits, or 503 with Retry-After).
-"""
+"""Per-key limits, kept in the store so that they hold for the fleet: requests per second (a
+token bucket), concurrent generations (a lease until the last byte or the ASGI call's
+end), tokens per minute (reserved once the body is parsed, settled at the end). The
+caller is the API key's name ("anonymous" with authentication off: edge-wide limits)."""
 
 from __future__ import annotations
 
@@ -63,7 +32,10 @@ LEASE_TTL_S = 30.0
 
 @dataclass(slots=True)
 class Limits:
-    """The per-key limits (0: off)."""
+    """The per-key limits (0: off). `max_streams` counts generations (chat, completions,
+    responses, streamed or not; a browser stream's `POST /v1/streams` holds its slot while
+    its detached generation may run). A generation whose usage is unknown at its end (the
+    client left, a detached stream) keeps its `tpm` reservation."""
 
     rate: float = 0.0
     burst: int = 0

@@ -1,17 +1,6 @@
-"""TLS and mTLS from the edge to its workers: checking the settings, making credentials.
-
-`--worker-tls-ca` (PEM roots; without it the system roots), `--worker-tls-cert` and
-`--worker-tls-key` (the edge's client certificate, for workers started with
-`--tls-client-ca`), `--worker-tls-name` (the name to verify in the workers' certificates
-when it is not the address's host, e.g. one certificate for every worker pod). Any of
-them turns TLS on for every worker channel.
-
-The bootstrap turns the settings into credentials once and hands them to the registry's
-channel factory (`edge.upstream.channel`), which opens every worker channel, so no code
-path (pools, workers added at run time) can open a plaintext channel while TLS is
-configured. A worker that refuses the edge's certificate fails the handshake: its health
-watch fails, the edge marks it UNREACHABLE, `/readyz` stays 503 and requests get 503.
-"""
+"""TLS and mTLS towards the workers: the settings checked, credentials made once and handed
+to the channel factory (`edge.upstream.channel`) that opens every worker channel, so no
+path (pools, workers added at run time) opens a plaintext one while TLS is configured."""
 
 from __future__ import annotations
 

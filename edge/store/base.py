@@ -1,21 +1,7 @@
-"""The shared store's interface: what the edge keeps across processes and replicas.
-
-Three concerns, each a few atomic operations (`edge.store.memory` in this process,
-`edge.store.redis` across a fleet, `edge.store.guarded` choosing between them when the
-shared one fails):
-
-- token buckets (`take`): requests per second and tokens per minute per key, the clock
-  being the store's own (one clock for every replica);
-- leases (`acquire` / `release`): a key's generations in flight, each lease expiring
-  unless its holder renews it, so a crashed edge frees its slots by itself;
-- a generation's two ends, each one step where both limits apply (one round trip to a
-  shared store instead of two): `admit` (a request's token, then its slot) and `finish`
-  (its slot's release and its tokens' settlement);
-- session pins (`get_pin` / `put_pin`): the pool a header or `user` session stays on
-  (`edge.upstream.sessions.SessionStore`).
-
-Keys are opaque strings; the limiters and the pinning choose them.
-"""
+"""The shared store's interface (`Store`): token buckets on the store's clock, expiring
+leases, a generation's two ends in one step each (`admit`, `finish`: one round trip), and
+session pins. In this process (`memory`), in Redis (`redis`), or chosen between when
+Redis fails (`guarded`). Keys are opaque: the limiters and pinning choose them."""
 
 from __future__ import annotations
 

@@ -1,19 +1,7 @@
-"""Fleet-wide control through Redis: a versioned snapshot of the desired state, and a
-pub/sub channel that says a new one is there.
-
-`publish(doc)` is one Lua script: the version goes up (to Redis's clock in ms, or by
-one if that is not more: it keeps rising even when a restarted Redis lost its data),
-the snapshot is stored with it, and its number is published on `<prefix>:control`, all
-atomically (two admins changing two replicas at once get two versions, the later one
-wins everywhere). `publish(doc, expect=v)` is a compare-and-set: it stores nothing and
-returns 0 unless the fleet's version is still `v` (an automatic rollback decided by
-several processes at once is published by one of them).
-`watch(apply)` runs in every edge process: it subscribes first, then reads the snapshot
-(so nothing published in between is missed), and reads it again on every message; a
-snapshot is applied only when its version is newer than the last one applied here. After
-a lost connection it subscribes and reads the snapshot again (the changes made while it
-was away arrive as one), retrying every `RETRY_S`.
-"""
+"""The fleet's pools snapshot in Redis. `publish`: one Lua script (the version up to Redis's
+clock in ms, so it rises even after Redis lost its data; the snapshot stored; its number
+published); with `expect=` a compare-and-set. `watch`: subscribe, then read (nothing is
+missed), apply only newer versions; after a lost connection both again, every `RETRY_S`."""
 
 from __future__ import annotations
 

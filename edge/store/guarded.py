@@ -1,21 +1,7 @@
-"""A shared store with a rule for when it fails: fail open or fail closed.
-
-`Guarded` sends every operation to the shared store (`edge.store.redis`). When that
-raises `StoreUnavailable` (refused, timed out), the store is taken as down for
-`retry_s`: operations meanwhile go straight to the fallback rule without waiting on
-Redis, and the first one after it tries Redis again, so recovery needs no restart and
-takes at most `retry_s` plus one request.
-
-- fail open (`--store-failure open`, the default): limits are enforced by this process
-  alone (`edge.store.memory`: each process its own buckets and slots, as without a
-  shared store) until Redis answers again;
-- fail closed (`--store-failure closed`): limited requests are refused with
-  `StoreUnavailable`, which the limits turn into 503 with Retry-After.
-
-Session pins fall back to this process's store in both modes (a pin is a preference,
-not a limit). A lease is released where it was taken: one taken locally while Redis was
-down stays local; one in Redis whose release fails lapses by its ttl.
-"""
+"""A shared store with a failure rule: a `StoreUnavailable` marks it down for `retry_s`
+(operations meanwhile skip Redis), then the next tries it again, so recovery needs no
+restart. Open: this process's limits; closed: `StoreUnavailable` (503). Pins fall back to
+this process in both; a lease is released where it was taken."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""The embedded store: buckets, leases and pins in this process (the default).
-
-Without a shared store configured the edge keeps today's single-process behaviour: each
-process has its own limits and pins. It is also what a guarded shared store falls back
-on when it fails open (`edge.store.guarded`). Leases need no expiry here: their holders
-live in this process and release them in `finally`; a crash loses the store with them.
-"""
+"""The embedded store: buckets, leases and pins in this process (the default, and the
+fail-open fallback). Leases need no expiry here: their holders live in this process and
+release them in `finally`; a crash loses the store with them."""
 
 from __future__ import annotations
 

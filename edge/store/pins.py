@@ -1,4 +1,4 @@
-"""Session pins in a store: `edge.upstream.sessions.SessionStore` over `edge.store.base.Store`,
+"""Session pins in a store: `edge.routing.pinning.SessionStore` over `edge.store.base.Store`,
 so header and `user` sessions keep their pool on every edge process and replica."""
 
 from __future__ import annotations

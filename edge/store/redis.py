@@ -1,24 +1,7 @@
-"""The shared store in Redis (`--store-url redis://...`), through redis-py's asyncio API.
-
-Every limit is one Lua script, so a check and its update are one atomic step however
-many edge processes and replicas call at once, and the clock is Redis's own (`TIME`),
-one for the fleet:
-
-- `take`: a token bucket in a hash (`tokens`, `stamp`), refilled from the time elapsed;
-  it expires once it would be full again (an idle key costs nothing).
-- `acquire`: a sorted set of lease ids scored by their expiry; lapsed ones are dropped
-  before counting. This process renews the leases it holds every third of their ttl,
-  so a stream lasts as long as it runs while a crashed edge's slots free themselves.
-- `admit` and `finish`: a generation's two ends in one script each (a request's token
-  then its slot; its slot's release and its tokens' settlement), one round trip
-  instead of two. Like the renewals, they need every key on one server (no cluster).
-- pins: plain keys with a ttl (`GETEX` renews on use).
-
-Errors are not handled here: a connection refused, a timeout or a Redis error raises
-`StoreUnavailable`, and `edge.store.guarded` decides what that means. redis-py's own
-retries are off (one try, `--store-timeout` per operation): the caller falls back at
-once instead of waiting out a backoff.
-"""
+"""The store in Redis (`--store-url`): each check-and-update one Lua script on Redis's clock
+(`TIME`); leases renewed by their holder every third of their ttl; pins keys with a ttl
+(`GETEX`). Every key on one server (no cluster). Failures raise `StoreUnavailable`, with
+redis-py's retries off: `edge.store.guarded` falls back at once instead of waiting."""
 
 from __future__ import annotations
 

@@ -1,18 +1,7 @@
-"""The fleet's rollout plans in Redis: one versioned document and the lease of the one
-edge process that runs them (`edge.upstream.fleet_rollouts`).
-
-- `<prefix>:rollouts` is a hash: `version` (raised by every save), `active` (the id of
-  the running or paused rollout, '' when none) and `body` (the document, JSON).
-- `<prefix>:rollouts:owner` holds the id of the process whose lease runs the active
-  rollout; it expires `ttl` after its last renewal, so a dead owner is replaced.
-- `tick` is one script per check of every process: while a rollout is active it takes
-  the lease if it is free (or renews it if it is the caller's), lets it go when none is,
-  and returns the body only when its version is not the one the caller has.
-- `save` replaces the document if its version is still the expected one (and, for the
-  owner's saves, the lease still the caller's): a compare-and-set, 0 when it lost.
-
-Any failure raises `StoreUnavailable`.
-"""
+"""The fleet's rollouts in Redis (`edge.release.fleet_rollouts`): a hash (`version`,
+`active`, `body`) and the owner's lease (`<prefix>:rollouts:owner`, expiring `ttl` after
+its last renewal). `tick` takes, renews or drops the lease and returns the body only when
+its version changed; `save` is a compare-and-set on the version (and the owner's lease)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""Canary windows shared by the fleet: per pool and per second, counters in Redis that
-every edge process adds its outcomes to, so a judge can decide on the sum.
-
-A bucket is a hash `<prefix>:window:<pool>:<unix second>` of integer fields (what they
-count is `edge.upstream.windows`'s business: requests, errors, latency histogram bins),
-expiring `ttl_s` after its last write. `exchange` is one pipelined round trip: the
-counts this process gathered since its last call are added (`HINCRBY`), then the buckets
-asked for are read back (`HGETALL`). Errors are not handled here: any failure raises
-`StoreUnavailable`, and the caller judges by its own windows meanwhile.
-"""
+"""Per-pool, per-second outcome counters in Redis (`<prefix>:window:<pool>:<unix second>`;
+what the fields count is `edge.release.windows`'s business): `exchange`, one pipelined
+round trip, adds this process's counts and reads back the buckets asked for. Failures
+raise `StoreUnavailable`."""
 
 from __future__ import annotations
 

@@ -1,26 +1,8 @@
-"""Stateless resume: signed SSE event ids and stream capabilities, bound to their owner.
-
-An event id names the generation (request id), the worker holding its replay log (its
-key: a short hash of the worker's address, `edge.upstream.worker.worker_key`, so
-addresses never reach clients), a tag of the principal that started it (the API key's
-name) and a tag of its request, all under one HMAC, plus the position: the edge's event
-counter and the upstream index to resume from. Any edge replica with the same secret can
-check an id and resume from it; a forged or altered id is refused with 400, never mapped
-to another stream; another principal's id is refused with 403, and a resume whose
-request body is not the one that started the generation with 400.
+"""Stateless resume: signed event ids and stream capabilities (`ResumeCodec`) under one HMAC,
+so any replica with the secret can check one and resume from it (ARCHITECTURE.md, Resume).
 
     <stream token>.<seq>.<cursor>[~<part>]
-    stream token = b64url(form | mac[9] | worker[6] | owner[3] | body[3] | request id)
-
-The request id is stored as raw bytes when it is lowercase hex (the edge's own ids), so a
-token is 51 characters. `part` numbers the events one upstream message made, all but its
-last (which points at the next message); the final message's events are numbered 1, 2,
-... and the stream's very last one is `PART_DONE`: resuming at an event with a part
-replays its message and sends only the later events.
-
-A stream capability (`/v1/streams/<token>`, for EventSource, which cannot send an
-Authorization header) is the same token plus an expiry, signed for that purpose.
-"""
+    stream token = b64url(form | mac[9] | worker[6] | owner[3] | body[3] | request id)"""
 
 from __future__ import annotations
 
@@ -118,7 +100,7 @@ class ResumeCodec:
     def _token(self, purpose: bytes, origin: Origin, extra: bytes = b"") -> str:
         rid = origin.request_id
         if _HEX.fullmatch(rid):
-            form, rid_bytes = _FORM_HEX, bytes.fromhex(rid)
+            form, rid_bytes = _FORM_HEX, bytes.fromhex(rid)  # our own hex ids: a 51-char token
         else:
             form, rid_bytes = _FORM_TEXT, rid.encode()
         worker = _unb64(origin.worker)

@@ -1,12 +1,7 @@
-"""Server-sent events encoding: pure functions from values to wire bytes.
-
-Transport lives elsewhere (`edge.stream.response`); this module only frames. The encoder is safe
-for any string: a CR, LF or CRLF inside `data` starts a new `data:` line (the client joins
-them back with LF) rather than a new field or event, a NUL becomes U+FFFD (some parsers
-stop at it), and every line written starts with a field name, so model output that begins
-with `:` or a field name is still data. `id` and `event` values are ours, never model
-output: a line break or NUL in them is a programming error (ValueError).
-"""
+"""SSE encoding, pure: values to wire bytes. Any string is safe as `data`: a CR, LF or CRLF
+starts a new `data:` line, a NUL becomes U+FFFD, every line starts with a field name, so
+model output never injects an event or a field. `id` and `event` are ours: a line break
+or NUL in them is a ValueError."""
 
 from __future__ import annotations
 

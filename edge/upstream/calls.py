@@ -1,12 +1,7 @@
-"""Upstream calls: one generation's messages from a worker, errors already mapped.
-
-`GenerateCall` is one simple-mode `Generate` RPC (one `start`, read until `final`),
-`ResumeCall` one `Resume` RPC, and `edge.upstream.failover.FailoverCall` a series of
-`GenerateCall` attempts over several workers. All three have the `UpstreamCall` shape,
-which is all `edge.stream` knows of them. Each message keeps its own upstream index; the
-call says which generation (`request_id`) on which `worker` the last message came from,
-so an event id can name exactly where it lives (no renumbering anywhere).
-"""
+"""Upstream calls: `GenerateCall` (one simple-mode `Generate`) and `ResumeCall` (one
+`Resume`), errors mapped; with `FailoverCall` they are `UpstreamCall`, all `edge.stream`
+knows. Each message keeps its own index and the call names the worker and generation it
+came from, so an event id says where it lives (nothing is renumbered)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""Channels to workers: one long-lived `grpc.aio` channel per worker, all opened here.
-
-Keepalive finds a frozen or silently dead worker (`--keepalive` + `--keepalive-timeout`,
-2 s + 2 s by default; workers allow pings every second); a short reconnect backoff finds
-a restarted one.
-The per-stream HTTP/2 window (`--stream-buffer-bytes`, BDP probing off so it stays put)
-bounds what a worker sends ahead of a slow client: past it the worker's writer waits and
-its generation log merges new tokens into fewer, larger messages.
-"""
+"""Channels to workers: one long-lived `grpc.aio` channel each, all opened here. Keepalive
+finds a frozen or silent worker; the per-stream window (`--stream-buffer-bytes`, BDP
+probing off so it stays put) bounds what a worker sends ahead of a slow client."""
 
 from __future__ import annotations
 

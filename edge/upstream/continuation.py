@@ -1,11 +1,6 @@
-"""Continuing a generation elsewhere: which requests may be continued, the `start` that
-goes on from the text already sent, and how a `final` counts for its pool. Pure functions.
-
-Chat input is continued as a final assistant message holding the text sent so far, with
-`add_generation_prompt = false`; a raw prompt gets the text appended. The worker's chat
-template must then leave that assistant message open (the sim's does; for real templates
-that close every message, see the note in ARCHITECTURE.md).
-"""
+"""Continuing a generation elsewhere, pure: which requests may (`may_continue`), the
+continuing `start` (chat: a final assistant message, `add_generation_prompt = false`; a
+raw prompt: the text appended) and how a `final` counts for its pool."""
 
 from __future__ import annotations
 
@@ -14,7 +9,7 @@ import re
 import grpc
 
 from edge.errors import from_status, from_status_code_number
-from edge.upstream.outcomes import CANCELLED, OK
+from edge.obs.outcomes import CANCELLED, OK
 from generated import sluice_pb2 as pb
 
 _SUCCESS = (pb.FINISH_REASON_STOP, pb.FINISH_REASON_LENGTH, pb.FINISH_REASON_TOOL_CALLS)

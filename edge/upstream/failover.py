@@ -40,6 +40,7 @@ import grpc
 from edge.config import RoutingConfig
 from edge.errors import ApiError, from_status
 from edge.obs import tracing
+from edge.obs.outcomes import CANCELLED, PoolMetrics
 from edge.upstream.calls import GenerateCall, UpstreamCall
 from edge.upstream.continuation import (
     continuation_start,
@@ -47,7 +48,6 @@ from edge.upstream.continuation import (
     may_continue,
     whole_usage,
 )
-from edge.upstream.outcomes import CANCELLED, PoolMetrics
 from edge.upstream.worker import Worker
 from generated import sluice_pb2 as pb
 

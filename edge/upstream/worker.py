@@ -1,26 +1,7 @@
-"""A model worker as the edge sees it: one shared gRPC channel, its health, its place in
-a pool, and what routing needs to know about it.
-
-A `Worker` owns one `grpc.aio` channel shared by every request to it (never a channel per
-request) and a health watcher (grpc.health.v1 `Watch`) that keeps its status current.
-It is *routable* when its Watch says SERVING, it is not draining, it has not been
-removed from its pool, and passive failure marking has not taken it out: `max_fails`
-failures (unreachable, broken stream) within `fail_timeout_s` keep it out for
-`fail_timeout_s`, as nginx's `max_fails`/`fail_timeout` do. A Watch that reports SERVING
-again after any other status (the worker restarted) clears the passive marks.
-
-A killed worker process closes its connection, which fails the Watch stream (the same
-HTTP/2 connection as the generations) at once: the worker is out of rotation within
-milliseconds. A silently dead host is found by gRPC keepalive (`--keepalive`).
-
-Load: while the worker serves, a second stream (`WatchLoad`) brings its own figures
-(running, waiting, KV use, prefix-cache hit rate, tokens/s, KV size) whenever they
-change, at most every `--load-interval`. The edge's view of its load (`load`) is the last
-push plus this edge's own calls started or ended since (so a burst of picks between two
-pushes sees itself), and never less than this edge's in-flight count. A worker without
-the RPC (an older version) is followed by its in-flight count alone. `epoch` counts the
-times the worker turned SERVING: a restarted worker has lost its prefix cache.
-"""
+"""A worker as the edge sees it: one shared `grpc.aio` channel, its health `Watch`, its load
+pushes (`WatchLoad`) plus this edge's calls since (`load`), and passive failure marking
+(nginx's `max_fails`/`fail_timeout`, cleared when the Watch turns SERVING again). `epoch`
+counts the times it turned SERVING: a restarted worker has lost its prefix cache."""
 
 from __future__ import annotations
 

@@ -31,10 +31,10 @@ from typing import Any
 import orjson
 
 from edge.config import RoutingConfig
+from edge.routing.pools import PoolSpec
+from edge.routing.prefix import Prompt
+from edge.routing.registry import PoolRegistry
 from edge.upstream.channel import ChannelFactory
-from edge.upstream.pools import PoolSpec
-from edge.upstream.prefix import Prompt
-from edge.upstream.registry import PoolRegistry
 from edge.upstream.worker import SERVING, Worker
 from generated import sluice_pb2 as pb
 from scripts.bench import report

@@ -12,15 +12,15 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from edge.config import RoutingConfig
+from edge.release.fleet_rollouts import FleetRollouts
+from edge.release.plans import parse_plan
+from edge.release.windows import LocalWindows
+from edge.routing.fleet import FleetSync
+from edge.routing.pools import PoolSpec
+from edge.routing.registry import PoolRegistry
 from edge.store.control import Control
 from edge.store.rollouts import RolloutBoard
 from edge.upstream.channel import ChannelFactory
-from edge.upstream.fleet import FleetSync
-from edge.upstream.fleet_rollouts import FleetRollouts
-from edge.upstream.plans import parse_plan
-from edge.upstream.pools import PoolSpec
-from edge.upstream.registry import PoolRegistry
-from edge.upstream.windows import LocalWindows
 from edge.upstream.worker import SERVING
 from tests.redis_proc import redis_server
 

@@ -17,6 +17,9 @@ import pytest
 from edge.config import RoutingConfig
 from edge.obs.metrics import Metrics
 from edge.obs.record import ObsMiddleware, record_of
+from edge.release.windows import FleetWindows
+from edge.routing.pools import PoolSpec
+from edge.routing.registry import PoolRegistry
 from edge.security.limits import Limits, LimitsMiddleware
 from edge.store.base import StoreUnavailable
 from edge.store.control import Control
@@ -25,9 +28,6 @@ from edge.store.memory import MemoryStore
 from edge.store.redis import RedisStore
 from edge.store.windows import WindowCounters
 from edge.upstream.channel import ChannelFactory
-from edge.upstream.pools import PoolSpec
-from edge.upstream.registry import PoolRegistry
-from edge.upstream.windows import FleetWindows
 from tests.redis_proc import RedisServer, redis_server
 
 

@@ -4,10 +4,10 @@ before additions (a worker may move between pools)."""
 from __future__ import annotations
 
 from edge.config import RoutingConfig
+from edge.routing.fleet import apply, snapshot
+from edge.routing.pools import PoolSpec, RollbackSpec
+from edge.routing.registry import PoolRegistry
 from edge.upstream.channel import ChannelFactory
-from edge.upstream.fleet import apply, snapshot
-from edge.upstream.pools import PoolSpec, RollbackSpec
-from edge.upstream.registry import PoolRegistry
 
 
 def registry(*specs: PoolSpec) -> PoolRegistry:

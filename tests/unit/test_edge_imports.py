@@ -1,6 +1,7 @@
 """The edge's import rules: it shares only `generated/` and `sluice_common/` with the
 worker (test_shared_imports.py), and its layers import one way (api -> stream -> upstream;
-security and obs depend on neither)."""
+api -> release -> routing -> upstream; upstream depends on neither routing nor release;
+security and obs depend on none of them)."""
 
 from __future__ import annotations
 
@@ -21,11 +22,18 @@ ALLOWED = {
     "edge.obs": {"edge.obs"},
     "edge.store": {"edge.store", "edge.obs", "edge.errors", "edge.config"},
     "edge.security": {"edge.security", "edge.store", "edge.obs", "edge.errors", "edge.config"},
-    "edge.upstream": {"edge.upstream", "edge.store", "edge.obs", "edge.errors", "edge.config"},
+    "edge.upstream": {"edge.upstream", "edge.obs", "edge.errors", "edge.config"},
+    "edge.routing": {
+        "edge.routing", "edge.upstream", "edge.store", "edge.obs", "edge.errors", "edge.config",
+    },
+    "edge.release": {
+        "edge.release", "edge.routing", "edge.upstream", "edge.store", "edge.obs", "edge.errors",
+        "edge.config",
+    },
     "edge.stream": {"edge.stream", "edge.upstream", "edge.obs", "edge.errors", "edge.config"},
     "edge.api": {
-        "edge.api", "edge.stream", "edge.upstream", "edge.store", "edge.obs", "edge.errors",
-        "edge.config",
+        "edge.api", "edge.stream", "edge.release", "edge.routing", "edge.upstream", "edge.store",
+        "edge.obs", "edge.errors", "edge.config",
     },
 }  # fmt: skip
 BOOTSTRAP = {"edge.app", "edge.__main__", "edge"}
@@ -86,18 +94,38 @@ def test_every_module_is_in_a_layer() -> None:
     assert loose == []
 
 
-def test_a_wrong_way_import_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The check itself can fail: upstream importing the stream layer is reported."""
+WRONG_WAY = [
+    ("upstream", "from edge.stream.response import Job\n", "edge.stream.response", "edge.stream"),
+    (
+        "upstream",
+        "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
+        "    from edge.routing.registry import PoolRegistry\n",
+        "edge.routing.registry",
+        "edge.routing",
+    ),
+    ("upstream", "import edge.release.canary\n", "edge.release.canary", "edge.release"),
+    ("routing", "from edge.release.rollouts import Rollouts\n", "edge.release.rollouts",
+     "edge.release"),
+    ("release", "from edge.api.state import EdgeState\n", "edge.api.state", "edge.api"),
+    ("stream", "from edge.routing.pinning import Pinning\n", "edge.routing.pinning",
+     "edge.routing"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("room", "code", "target", "layer"), WRONG_WAY)
+def test_a_wrong_way_import_is_caught(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, room: str, code: str, target: str, layer: str
+) -> None:
+    """The check itself can fail: a planted import against the direction is reported
+    (in a TYPE_CHECKING block too)."""
     fake = tmp_path / "edge"
-    (fake / "upstream").mkdir(parents=True)
-    (fake / "upstream" / "bad.py").write_text("from edge.stream.response import Job\n")
+    (fake / room).mkdir(parents=True)
+    (fake / room / "bad.py").write_text(code)
     monkeypatch.setattr(sys.modules[__name__], "EDGE", fake)
-    assert violations() == [
-        "edge.upstream.bad imports edge.stream.response (edge.upstream may not depend on "
-        "edge.stream)",
-        "edge.upstream.bad imports edge.stream.response.Job (edge.upstream may not depend on "
-        "edge.stream)",
-    ]
+    found = violations()
+    me = f"edge.{room}"
+    assert found and all(v.startswith(f"{me}.bad imports ") for v in found)
+    assert f"{me}.bad imports {target} ({me} may not depend on {layer})" in found
 
 
 def test_no_module_is_over_400_lines() -> None:

@@ -10,11 +10,11 @@ from typing import NamedTuple
 import pytest
 
 from edge.config import RoutingConfig
+from edge.routing.pools import PoolConfigError, PoolSpec, parse_pool
+from edge.routing.prefix import MAX_BLOCKS, PrefixIndex, Prompt, block_hashes
+from edge.routing.registry import PoolRegistry
+from edge.routing.scores import CacheAware, cache_aware, least_loaded
 from edge.upstream.channel import ChannelFactory
-from edge.upstream.pools import PoolConfigError, PoolSpec, parse_pool
-from edge.upstream.prefix import MAX_BLOCKS, PrefixIndex, Prompt, block_hashes
-from edge.upstream.registry import PoolRegistry
-from edge.upstream.routing import CacheAware, cache_aware, least_loaded
 from edge.upstream.worker import NOT_SERVING, SERVING
 from generated import sluice_pb2 as pb
 

@@ -9,12 +9,12 @@ import pytest
 
 from edge.config import RoutingConfig
 from edge.errors import ApiError
+from edge.obs.outcomes import WindowStats
+from edge.release.plans import Analysis, judge, parse_plan
+from edge.release.rollouts import Rollouts
+from edge.routing.pools import PoolConfigError, PoolSpec
+from edge.routing.registry import PoolRegistry
 from edge.upstream.channel import ChannelFactory
-from edge.upstream.outcomes import WindowStats
-from edge.upstream.plans import Analysis, judge, parse_plan
-from edge.upstream.pools import PoolConfigError, PoolSpec
-from edge.upstream.registry import PoolRegistry
-from edge.upstream.rollouts import Rollouts
 from edge.upstream.worker import SERVING
 
 T0 = 1000.0

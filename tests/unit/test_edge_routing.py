@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from edge.upstream.routing import (
+from edge.routing.scores import (
     hash64,
     hrw,
     hrw_order,

@@ -11,13 +11,10 @@ import pytest
 
 from edge.config import RoutingConfig
 from edge.errors import ApiError
+from edge.obs.outcomes import PoolMetrics, WindowStats, expose, percentile
 from edge.obs.prom import Exposition
-from edge.security.auth import ADMIN, AuthMiddleware, KeyStore, bearer
-from edge.upstream import canary
-from edge.upstream.channel import ChannelFactory
-from edge.upstream.continuation import continuation_start, may_continue, split_id
-from edge.upstream.outcomes import PoolMetrics, WindowStats, expose, percentile
-from edge.upstream.pools import (
+from edge.release import canary
+from edge.routing.pools import (
     PoolConfigError,
     PoolSpec,
     RollbackSpec,
@@ -25,7 +22,10 @@ from edge.upstream.pools import (
     load_pools,
     parse_pool,
 )
-from edge.upstream.registry import PoolRegistry
+from edge.routing.registry import PoolRegistry
+from edge.security.auth import ADMIN, AuthMiddleware, KeyStore, bearer
+from edge.upstream.channel import ChannelFactory
+from edge.upstream.continuation import continuation_start, may_continue, split_id
 from edge.upstream.worker import NOT_SERVING, SERVING, UNREACHABLE, PassiveHealth
 from generated import sluice_pb2 as pb
 

@@ -6,11 +6,11 @@ import pytest
 
 from edge.api.affinity import CookieCodec
 from edge.config import RoutingConfig, SessionConfig
+from edge.routing.pinning import MemoryPins, Pinning
+from edge.routing.pools import PoolSpec
+from edge.routing.registry import PoolRegistry
+from edge.routing.scores import hrw
 from edge.upstream.channel import ChannelFactory
-from edge.upstream.pools import PoolSpec
-from edge.upstream.registry import PoolRegistry
-from edge.upstream.routing import hrw
-from edge.upstream.sessions import MemoryStore, Pinning
 from edge.upstream.worker import SERVING
 
 
@@ -30,7 +30,7 @@ def two_pools() -> PoolRegistry:
 
 async def test_memory_store_slides_expires_and_evicts() -> None:
     now = [0.0]
-    store = MemoryStore(ttl_s=10, max_entries=2, timer=lambda: now[0])
+    store = MemoryPins(ttl_s=10, max_entries=2, timer=lambda: now[0])
     await store.put("a", "p1")
     now[0] = 8
     assert await store.get("a") == "p1"  # used at 8: lives until 18
@@ -47,7 +47,7 @@ async def test_memory_store_slides_expires_and_evicts() -> None:
 
 async def test_pinned_sessions_keep_their_pool_until_it_drains() -> None:
     reg = two_pools()
-    pin = Pinning(reg, MemoryStore(60, 1000))
+    pin = Pinning(reg, MemoryPins(60, 1000))
     keys = [f"k{i}" for i in range(300)]
     first = {k: await pin.place("", k) for k in keys}
     assert all(p.new and not p.moved_from for p in first.values())
@@ -78,7 +78,7 @@ async def test_pinned_sessions_keep_their_pool_until_it_drains() -> None:
 
 async def test_a_cookie_pin_moves_when_its_pool_is_removed() -> None:
     reg = two_pools()
-    pin = Pinning(reg, MemoryStore(60, 1000))
+    pin = Pinning(reg, MemoryPins(60, 1000))
     stays = await pin.place("", "sid-1", pinned="canary")
     assert stays.pool == "canary" and not stays.new
     reg.set_weight("canary", 0.0)  # weight 0 is not draining: a pinned session stays
@@ -97,7 +97,7 @@ async def test_a_cookie_pin_moves_when_its_pool_is_removed() -> None:
 
 async def test_a_new_cookie_session_id_maps_to_the_worker_load_chose() -> None:
     reg = two_pools()
-    pin = Pinning(reg, MemoryStore(60, 1000))
+    pin = Pinning(reg, MemoryPins(60, 1000))
     for _ in range(50):
         placed = await pin.place("", "")
         assert placed.new and len(placed.key) >= 20

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from edge.upstream.outcomes import PoolMetrics
-from edge.upstream.windows import BIN_FACTOR, bin_percentile, bin_value, counts, latency_bin, stats
+from edge.obs.outcomes import PoolMetrics
+from edge.release.windows import BIN_FACTOR, bin_percentile, bin_value, counts, latency_bin, stats
 
 
 @pytest.mark.parametrize("seconds", [1e-5, 1e-4, 0.0021, 0.05, 0.3, 1.0, 7.5, 120.0])

@@ -1,24 +1,7 @@
-"""The windows a canary is judged by: this process's own, or the fleet's sum.
-
-`LocalWindows` reads each pool's sliding window in this process (`PoolMetrics.window`),
-as a single edge always did. `FleetWindows` (with `--store-url`) makes the window
-fleet-wide: every edge process collects its pools' outcomes (a list append per attempt,
-nothing else on the hot path), and every `FLUSH_S` one round trip to Redis
-(`edge.store.windows`) adds them to per-pool, per-second counters and reads back the
-buckets the judges need. The canary rollback and the rollout owner then decide on the
-sum over every process of every replica.
-
-What a bucket counts: requests and errors (cancelled attempts are not outcomes), and
-TTFT and inter-token histograms in log bins `BIN_FACTOR` wide (a percentile read from
-them is the bin's geometric middle: within ±2.5 % of the exact one). Buckets are unix
-seconds (the replicas' clocks, kept by NTP); a window includes its first, partial second
-(at most one second more than asked, also after a fresh start: a weight set again).
-Buckets older than `SETTLE_S` are read once and kept; newer ones are read again each
-time (other processes still add to them).
-
-When Redis fails, or the last exchange is older than `STALE_S`, the judges use this
-process's own windows (logged once each way); outcomes of a failed flush are dropped.
-"""
+"""The windows judges read: `LocalWindows` (this process's) or `FleetWindows` (`--store-url`:
+outcomes added to per-second Redis buckets every `FLUSH_S`, latencies in `BIN_FACTOR` log
+bins, so a percentile is within ±2.5 %). Redis failing, or an exchange older than
+`STALE_S`: this process's own windows, logged once each way."""
 
 from __future__ import annotations
 
@@ -30,10 +13,10 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Protocol
 
+from edge.obs.outcomes import MAX_WINDOW_S, Outcome, WindowStats
+from edge.routing.registry import PoolRegistry
 from edge.store.base import StoreUnavailable
 from edge.store.windows import Bucket, WindowCounters
-from edge.upstream.outcomes import MAX_WINDOW_S, Outcome, WindowStats
-from edge.upstream.registry import PoolRegistry
 
 log = logging.getLogger("sluice.edge")
 FLUSH_S = 0.25
@@ -166,6 +149,8 @@ class FleetWindows:
         return [have[b] for b in range(first, last + 1) if b in have]
 
     def window(self, pool: str, seconds: float, now: float) -> WindowStats:
+        # Buckets are unix seconds (NTP keeps the replicas' clocks): a window includes its
+        # first, partial second, so it spans at most one second more than asked.
         if not self.fresh:
             return self.local.window(pool, seconds, now)
         offset = self._offset()

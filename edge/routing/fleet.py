@@ -1,22 +1,16 @@
-"""The pools' desired state as a document, and bringing a registry to it: how admin
-changes made on one edge process reach every process of every replica
-(`edge.store.control` carries the document).
-
-What travels: each pool's name, version label, weight, workers and rollback bounds,
-whether it is draining (and why) and its last automatic rollback. What does not: health,
-in-flight counts, outcomes, which every process learns for itself. Applying a document
-changes only what differs, with the registry's own runtime changes (a running stream
-keeps its worker), removals before additions so a worker can move between pools.
-"""
+"""The pools' desired state as a document (`snapshot`) and a registry brought to it (`apply`:
+only what differs, removals first so a worker can move between pools); `FleetSync`
+publishes admin changes and applies the fleet's. Health, in-flight counts and outcomes
+do not travel: every process learns them itself."""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
+from edge.routing.pools import PoolSpec, parse_rollback
+from edge.routing.registry import PoolRegistry
 from edge.store.control import Control
-from edge.upstream.pools import PoolSpec, parse_rollback
-from edge.upstream.registry import PoolRegistry
 
 log = logging.getLogger("sluice.edge")
 

@@ -1,13 +1,6 @@
-"""Pools of workers as configured: the `--pools` file (JSON or TOML), `--worker` flags, and
-each pool's canary rollback bounds. (The routing flags are `edge.config.RoutingConfig`.)
-
-A pools file holds a list of pools, each with a unique name, a model version label, a
-weight (share of new traffic, >= 0) and worker addresses; a pool may add a `rollback`
-table (automatic canary rollback bounds) and a `policy`, how a worker is chosen in it
-for requests without a session key (one of `edge.config.POLICIES`; unset: the edge's
-`--routing-policy`). `--worker ADDR` flags form one more pool named
-`default` (weight 1). See `edge/pools.example.toml`.
-"""
+"""Pools as configured: the `--pools` file (JSON or TOML, `edge/pools.example.toml`) and the
+`--worker` flags (pool `default`), each pool with its policy and rollback bounds, checked
+(`PoolConfigError`)."""
 
 from __future__ import annotations
 

@@ -1,21 +1,7 @@
-"""Routing math, pure: session keys, rendezvous hashing, weighted choices, two random choices.
-
-Every function here is deterministic given its inputs (and the `random.Random` passed in),
-so edges in different processes or on different hosts agree on where a session goes: the
-hashes use the pool name and the worker address, never anything local to one process.
-
-- A request's *session key* (`edge.api.affinity`): the `X-Session-ID` header, else the
-  OpenAI `user` field, else the session cookie the edge issued. None: route by load.
-- Pool for a key: weighted rendezvous hashing (score `-w / ln(u)`, `u` the key's hash on
-  the pool mapped into (0, 1)): a pool wins a key with probability weight / total, and a
-  weight change moves only the keys that must move (to or from the changed pool).
-- Worker in a pool for a key: rendezvous (HRW) hashing: removing a worker moves only its
-  own keys, adding one takes only the keys it now wins.
-- Without a key: a pool at random by weight, then a worker by the pool's policy
-  (`POLICIES`): `session` the less loaded of two random workers (the default, as before
-  policies existed); `least_load` the least loaded; `random` any; `cache_aware` the best
-  `cache_aware` score: expected prefix-cache hit minus load, with a balance threshold.
-"""
+"""Routing math, pure and deterministic given its inputs (and the `random.Random` passed):
+hashes use pool names and worker addresses only, so every edge process and host agrees on
+where a session goes. Rendezvous hashing moves only the keys that must move when a node
+or a weight changes."""
 
 from __future__ import annotations
 

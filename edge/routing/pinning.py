@@ -1,21 +1,7 @@
-"""Version pinning: the pool a conversation stays on, and the store that remembers it.
-
-A session (a conversation key: `X-Session-ID`, the OpenAI `user`, or the id in the edge's
-signed cookie) is placed once, by the pools' weights, and is then *pinned* to that pool:
-a weight change places new sessions only, so an ongoing dialogue keeps its version (and,
-by rendezvous on its key within the pool, its worker and KV cache). A pinned session
-moves, once, when its pool drains, is rolled back, is removed, or has no worker for it
-left; the `Placement` says from where and why, and the response tells the client.
-
-Where pins live: a cookie carries its own pool (signed, so any edge replica with the same
-secret honours it, no state); header and `user` keys go through a `SessionStore`, by
-default `MemoryStore` (in this process: LRU, entries live for the session lifetime from
-their last use). The interface is async so that a shared store (Redis) can implement it.
-
-A new cookie session gets its id here, so the first request still goes where load says
-(a pool at random by weight, the less loaded of two workers) and the id is drawn until
-rendezvous maps it to that worker: the later turns, carrying the id, land on it too.
-"""
+"""Version pinning (`Pinning.place`): a session is placed once by the pools' weights, then
+stays on its pool until that drains, is rolled back or removed, or has no worker left for
+it. A new cookie session's id is drawn so that rendezvous maps it to the worker load
+chose. Pins live in the cookie, or in a `SessionStore` (`MemoryPins` in this process)."""
 
 from __future__ import annotations
 
@@ -30,9 +16,9 @@ import cachetools
 
 from edge.errors import ApiError
 from edge.obs.prom import Exposition, labels
-from edge.upstream.prefix import Prompt
-from edge.upstream.registry import PoolRegistry
-from edge.upstream.routing import hrw
+from edge.routing.prefix import Prompt
+from edge.routing.registry import PoolRegistry
+from edge.routing.scores import hrw
 from edge.upstream.worker import Worker
 
 log = logging.getLogger("sluice.edge")
@@ -53,7 +39,7 @@ class SessionStore(Protocol):
         ...
 
 
-class MemoryStore:
+class MemoryPins:
     """`SessionStore` in this process: at most `max_entries`, least recently used out
     first, each entry living `ttl_s` from its last use."""
 
@@ -76,7 +62,7 @@ class MemoryStore:
 
 
 @dataclass(slots=True)
-class Placement:
+class Assignment:
     """Where a request goes and what that did to its session."""
 
     worker: Worker
@@ -100,7 +86,7 @@ class Pinning:
 
     async def place(
         self, model: str, key: str, pinned: str | None = None, prompt: Prompt | None = None
-    ) -> Placement:
+    ) -> Assignment:
         """A worker for a request of session `key` ("" = none yet: a new cookie session,
         whose id is made here). `pinned`: the pool its cookie names; None: ask the store.
         Raises ApiError as `PoolRegistry.pick` does."""
@@ -113,7 +99,7 @@ class Pinning:
             reason = registry.refuses_pin(pinned)
             if not reason:
                 try:
-                    return Placement(registry.pick(model, key, pool=pinned, prompt=prompt), key)
+                    return Assignment(registry.pick(model, key, pool=pinned, prompt=prompt), key)
                 except ApiError:
                     reason = "unavailable"  # nothing left there for it: move on
             self.moves[reason] = self.moves.get(reason, 0) + 1
@@ -125,7 +111,7 @@ class Pinning:
             key = self._session_id(worker, model)
         if from_store and key:
             await self.store.put(key, worker.pool)
-        return Placement(worker, key, True, (pinned or "") if reason else "", reason)
+        return Assignment(worker, key, True, (pinned or "") if reason else "", reason)
 
     def render_metrics(self) -> str:
         out = Exposition()

@@ -6,14 +6,15 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from edge.obs import outcomes
 from edge.obs.prom import Exposition, labels
-from edge.upstream import outcomes, placement
+from edge.routing import placement
 
 if TYPE_CHECKING:
-    from edge.upstream.registry import PoolRegistry
+    from edge.routing.registry import PoolRegistry
 
 
-def render(registry: PoolRegistry) -> str:
+def render_registry(registry: PoolRegistry) -> str:
     """Per-pool and per-worker lines for the edge's /metrics."""
     now = time.monotonic()
     out = Exposition()

@@ -1,16 +1,7 @@
-"""The pools of workers behind this edge, their runtime changes, and the choice of a worker.
-
-`PoolRegistry` holds pools with weights, picks workers (session affinity, weights, load,
-failover exclusions: the math is in `edge.upstream.routing`; the worker within a pool by
-the pool's policy, `edge.upstream.placement`), applies runtime changes for the admin API
-and keeps per-pool metrics. Background policies that watch it (the
-canary rollback, `edge.upstream.canary`) are started by the bootstrap, not by it.
-
-Changes apply to new requests at once (same event loop, no locks): a running call keeps
-its worker whatever happens to weights or membership; weights place new sessions only (a
-pinned one, `edge.upstream.sessions`, stays in its pool until that drains or goes). A
-removed worker leaves rotation at once; its channel closes after its last call here.
-"""
+"""`PoolRegistry`: the pools of workers, the pick (`edge.routing.scores` for the math, each
+pool's `Placement` for the worker in it), runtime changes and per-pool metrics. Changes
+apply to new requests at once (one event loop, no locks); a running call keeps its
+worker, and a removed worker's channel closes after its last call here."""
 
 from __future__ import annotations
 
@@ -24,13 +15,13 @@ from typing import Any
 
 from edge.config import RoutingConfig
 from edge.errors import ApiError, no_worker
-from edge.upstream import gauges
+from edge.obs.outcomes import PoolMetrics
+from edge.routing.metrics import render_registry
+from edge.routing.placement import Placement
+from edge.routing.pools import PoolSpec, RollbackSpec, build_pools
+from edge.routing.prefix import Prompt
+from edge.routing.scores import weighted_hrw, weighted_random
 from edge.upstream.channel import ChannelFactory
-from edge.upstream.outcomes import PoolMetrics
-from edge.upstream.placement import Placement
-from edge.upstream.pools import PoolSpec, RollbackSpec, build_pools
-from edge.upstream.prefix import Prompt
-from edge.upstream.routing import weighted_hrw, weighted_random
 from edge.upstream.worker import UNKNOWN, Worker
 
 log = logging.getLogger("sluice.edge")
@@ -98,7 +89,7 @@ class PoolRegistry:
         everyone = [*self.workers, *self._retiring]
         await asyncio.gather(*(w.close() for w in everyone), return_exceptions=True)
 
-    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -191,7 +182,7 @@ class PoolRegistry:
         if worker.removed and worker.in_flight <= 0 and worker in self._retiring:
             self._retiring.discard(worker)
             worker.closed = True  # now: a call picked before the removal must not start
-            self.spawn(worker.close(), f"close {worker.address}")
+            self._spawn(worker.close(), f"close {worker.address}")
 
     def pool_metrics(self, pool: str) -> PoolMetrics:
         # Called for every upstream chunk: build a PoolMetrics only when missing
@@ -356,7 +347,7 @@ class PoolRegistry:
 
     def render_metrics(self) -> str:
         """Per-pool and per-worker lines for the edge's /metrics."""
-        return gauges.render(self)
+        return render_registry(self)
 
 
 def _has_model(worker: Worker, model: str) -> bool:

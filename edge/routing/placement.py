@@ -1,23 +1,7 @@
-"""Worker choice within one pool: the pool's policy, and what `cache_aware` remembers.
-
-A request with a session key goes to its rendezvous worker whatever the policy (session
-affinity, `edge.upstream.routing.hrw`). Without one, the pool's policy decides:
-
-| policy | worker |
-| --- | --- |
-| `session` | the less loaded of two random workers (the edge's choice before policies) |
-| `least_load` | the least loaded |
-| `random` | any, uniformly |
-| `cache_aware` | the best `routing.cache_aware` score: expected hit minus load |
-
-`cache_aware`'s expected hit comes from the pool's `PrefixIndex`; its score has a
-balance threshold (a hot prefix spreads when its worker is far busier than the rest).
-
-Load is `Worker.load`: the worker's last load push plus this edge's calls since. A
-`cache_aware` pool adds every request's prompt blocks to its index for the worker chosen
-(keyed requests too, so keyless ones sharing their prefix find it), holding per worker
-about as many blocks as its KV cache has room for.
-"""
+"""The worker within one pool (`Placement`): a keyed request goes to its rendezvous worker,
+a keyless one by the pool's policy (`session`, `least_load`, `random`, `cache_aware`).
+A `cache_aware` pool credits the chosen worker with the prompt's blocks, keyed requests
+too, so keyless ones sharing their prefix find it."""
 
 from __future__ import annotations
 
@@ -26,8 +10,8 @@ from collections.abc import Sequence
 
 from edge.config import RoutingConfig
 from edge.obs.prom import Exposition, labels
-from edge.upstream.prefix import CHARS_PER_TOKEN, INDEX_HEADROOM, PrefixIndex, Prompt
-from edge.upstream.routing import CacheAware, cache_aware, hrw, least_loaded, two_choices
+from edge.routing.prefix import CHARS_PER_TOKEN, INDEX_HEADROOM, PrefixIndex, Prompt
+from edge.routing.scores import CacheAware, cache_aware, hrw, least_loaded, two_choices
 from edge.upstream.worker import Worker
 
 

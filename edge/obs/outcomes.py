@@ -1,12 +1,7 @@
-"""Per-pool metrics: attempts by outcome, TTFT and inter-token latency histograms, and a
-sliding window of recent outcomes (error rate and TTFT percentiles for canary rollback and
-the admin API).
-
-An *attempt* is one upstream call: a request that fails over counts once for every pool
-it tried, so a failing canary shows its errors even when clients were rescued elsewhere.
-Outcomes are the edge's error codes ("ok", "unavailable", "overloaded", "invalid_value",
-...); "cancelled" (the client left) is neither a success nor an error.
-"""
+"""Per-pool outcomes: attempts by outcome, TTFT and inter-token histograms, and a sliding
+window (error rate, percentiles) for the canary and the admin API. An attempt counts for
+its own pool, so a failing canary shows its errors even when clients were rescued
+elsewhere; "cancelled" (the client left) is neither a success nor an error."""
 
 from __future__ import annotations
 
@@ -74,7 +69,7 @@ class PoolMetrics:
         self._window: deque[Outcome] = deque(maxlen=WINDOW_CAP)
         self.window_start = time.monotonic()  # a fresh window counts from here
         # With a shared store: the outcomes not yet added to the fleet's window
-        # (`edge.upstream.windows` swaps the list out; None: not collecting).
+        # (`edge.release.windows` swaps the list out; None: not collecting).
         self.pending: list[Outcome] | None = [] if collect else None
 
     def outcome(

@@ -1,36 +1,7 @@
-"""Which worker recently served which prompt prefix: an approximate, bounded index.
-
-A worker's prefix cache keeps the KV of prompts it prefilled, in token blocks, and evicts
-the least recently used ones. The edge cannot see tokens, so it mirrors that in text:
-
-- A request's *blocks* (`Prompt.blocks`): its chat messages (roles and contents, in
-  order, with separators) or its raw prompt as one string, cut into `block_chars`
-  pieces, each named by a hash chained over every piece before it. Two requests share
-  their first k blocks exactly when their first k * block_chars characters are equal, so
-  a conversation's next turn (the same messages plus new ones) shares every full block
-  of the last one; a change anywhere changes every block after it. The last, partial
-  piece counts as a block too (identical short prompts match). Only the first
-  `MAX_BLOCKS` count (of the first `MAX_MESSAGES` messages): they tell conversations
-  apart, and the cost of a decision stays bounded however long the prompt (a longer
-  shared prefix than that adds nothing to a worker's expected hit, which is then whole).
-  The price: behind a shared system prompt longer than that (16 KB at the default block,
-  ~4,000 tokens), an app's conversations all look alike, and go by load; a larger
-  `--prefix-block-chars` reaches further (and hashes as many more characters).
-- `PrefixIndex` (one per pool) holds, for each block hash, the set of workers that
-  were sent it (a bit mask: one bit per worker), and for each worker its blocks in least
-  recently used order, capped at that worker's capacity (its KV cache size, when the
-  worker reports it, converted at `CHARS_PER_TOKEN`, times `INDEX_HEADROOM`). Sending a
-  request to a worker adds or refreshes all its blocks there; past the cap the oldest
-  go, as in the worker.
-- `match()` walks a request's blocks once and returns, per candidate worker, how many
-  leading blocks it holds: O(blocks + workers), whatever the index's size.
-- A worker that restarted lost its cache: it comes back with a new `epoch`, and the
-  index forgets everything it held under the old one (its bit is then reused).
-
-It is approximate by design: hashes of text, not tokens; a worker may have evicted
-sooner (other edges' traffic, running requests' KV) or differently. Routing uses it as
-an expected hit, never as a promise.
-"""
+"""Which worker was sent which prompt prefix: a prompt's chained block hashes (`Prompt`: two
+prompts share their first k blocks exactly when their first k pieces are equal) and
+`PrefixIndex`, bounded per worker, least recently used out first. Approximate by design
+(text, not tokens; workers evict on their own): routing reads it as an expected hit."""
 
 from __future__ import annotations
 
@@ -51,13 +22,20 @@ INDEX_HEADROOM = 2
 # first 16,000 characters of a conversation (~4,000 tokens) are 16 blocks to hash, look up
 # and refresh.
 DEFAULT_BLOCK_CHARS = 1024
-MAX_BLOCKS = 16  # blocks of a prompt that are hashed and looked up (module docstring)
+MAX_BLOCKS = 16  # blocks of a prompt that are hashed and looked up (`Prompt`)
 MAX_MESSAGES = 64  # ...of its first messages at most
 _SEP_ROLE, _SEP_MSG = "\x1f", "\x1e"
 
 
 class Prompt:
-    """A request's input, with its blocks computed on first use only (then kept)."""
+    """A request's input, with its blocks computed on first use only (then kept).
+
+    Its blocks: the chat messages (roles and contents, with separators) or the raw
+    prompt, cut into `block_chars` pieces, each hash chained over every piece before it;
+    the last, partial piece counts too. Only the first `MAX_BLOCKS` (of the first
+    `MAX_MESSAGES` messages) count: they tell conversations apart and bound a decision's
+    cost; behind a shared system prompt longer than that, conversations go by load.
+    """
 
     __slots__ = ("_blocks", "_size", "messages", "prompt")
 
@@ -131,7 +109,11 @@ class _Holder:
 
 
 class PrefixIndex:
-    """See the module docstring."""
+    """Per block hash, the workers sent it (a bit mask: one bit per worker); per worker,
+    its blocks in least recently used order, capped at its capacity. `match` walks a
+    request's blocks once: O(blocks + workers), whatever the index's size. A worker back
+    with a new `epoch` (restarted: its cache is gone) loses what it held; its bit is reused.
+    """
 
     def __init__(self) -> None:
         self._holders: dict[int, int] = {}  # block hash -> bit mask of workers holding it

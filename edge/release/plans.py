@@ -1,20 +1,6 @@
-"""Rollout plans, pure: what `POST /admin/rollouts` asks for, and the judgement of a canary
-against the stable pool. (Running a plan is `edge.upstream.rollouts`.)
-
-    {"canary": "v2", "stable": "v1",           # pool names ("stable": default, the one
-                                               #  other pool taking traffic)
-     "steps": [1, 5, 25, 50, 100],             # canary's % of new sessions; ends at 100
-     "hold_s": 60,                             # per step (a number, or one per step)
-     "analysis": {"min_samples": 20,           # canary outcomes before any verdict
-                  "window_s": 60,              # sliding window judged (default hold_s)
-                  "max_error_rate_increase": 0.02,   # canary's rate - stable's
-                  "max_ttft_p99_ratio": 1.5,   # canary p99 TTFT / stable's
-                  "max_itl_p99_ratio": 1.5,    # canary p99 inter-token / stable's
-                  "latency_slack_ms": 20}}     # and at least this much worse
-
-A latency bound is broken only when the canary is worse by the ratio *and* by the slack
-(a 2 ms TTFT doubling to 4 ms is noise, not a regression). A bound set to null is off.
-"""
+"""Rollout plans, pure: what `POST /admin/rollouts` takes (`parse_plan`) and the judgement of
+a canary against the stable pool (`judge`). A latency bound breaks only when the canary is
+worse by the ratio *and* by the slack: a 2 ms TTFT doubling to 4 ms is noise."""
 
 from __future__ import annotations
 
@@ -23,15 +9,15 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from edge.upstream.outcomes import WindowStats
-from edge.upstream.pools import PoolConfigError
+from edge.obs.outcomes import WindowStats
+from edge.routing.pools import PoolConfigError
 
 MAX_STEPS = 100
 
 
 @dataclass(slots=True)
 class Analysis:
-    """Bounds on the canary relative to the stable pool (see the module docstring)."""
+    """Bounds on the canary relative to the stable pool (`parse_plan`)."""
 
     min_samples: int = 20
     window_s: float | None = None  # None: the step's hold time
@@ -95,7 +81,20 @@ def parse_analysis(raw: Any) -> Analysis:
 
 
 def parse_plan(raw: Any) -> Plan:
-    """A plan from a request body (PoolConfigError naming what is wrong)."""
+    """A plan from a request body (PoolConfigError naming what is wrong):
+
+        {"canary": "v2", "stable": "v1",           # "stable": default the one other pool
+         "steps": [1, 5, 25, 50, 100],             # canary's % of new sessions; ends at 100
+         "hold_s": 60,                             # per step (a number, or one per step)
+         "analysis": {"min_samples": 20,           # canary outcomes before any verdict
+                      "window_s": 60,              # sliding window judged (default hold_s)
+                      "max_error_rate_increase": 0.02,   # canary's rate - stable's
+                      "max_ttft_p99_ratio": 1.5,   # canary p99 TTFT / stable's
+                      "max_itl_p99_ratio": 1.5,    # canary p99 inter-token / stable's
+                      "latency_slack_ms": 20}}     # and at least this much worse
+
+    A bound set to null is off.
+    """
     if not isinstance(raw, dict):
         raise PoolConfigError("a rollout plan must be an object")
     unknown = set(raw) - {"canary", "stable", "steps", "hold_s", "analysis"}

@@ -1,28 +1,7 @@
-"""Rollout plans, run: a canary pool's share of new sessions is raised step by step while it
-holds up against the stable pool, and rolled back at once when it does not.
-
-A plan (`edge.upstream.plans`) is checked every `CHECK_INTERVAL_S` by `watch`, a task the
-bootstrap starts with the registry:
-
-- At step i the canary has weight `steps[i]` and the stable pool `100 - steps[i]` (other
-  pools keep theirs). Weights place new sessions only: pinned ones stay where they are.
-- Every check judges the canary's sliding window (`window_s`, within the step) against
-  the stable pool's baseline (its own window, the last one with enough samples); a
-  broken bound, or no canary worker routable for `UNROUTABLE_GRACE_S` (passive failure
-  marking takes a failing worker out, and then it gets no samples), rolls back at once:
-  the canary drains (its pinned sessions move to the stable pool, once, told so), the
-  stable pool gets its weight back.
-- Once the step has been held `hold_s[i]` and the canary has `min_samples` outcomes in it
-  that pass as a whole, the next step is applied in that same check. After the 100 % step
-  the plan finishes: the canary takes the stable pool's old weight and the old stable
-  pool drains.
-- Paused: no advancing (bounds still roll back); resumed: the step's hold starts again.
-  Aborted: rolled back by the operator.
-
-Every transition is logged, kept in the rollout's history (both pools' figures over the
-step, how late it was applied after it was due) and counted in /metrics. State lives in
-this process; with a shared store, `edge.upstream.fleet_rollouts` runs it for the fleet.
-"""
+"""Rollout plans, run (`Rollouts`; `Rollout.tick` every `CHECK_INTERVAL_S`): the canary's
+weight raised step by step while it holds up against the stable pool, rolled back at once
+when it does not; every transition logged, kept in its history and counted. State lives
+in this process; `edge.release.fleet_rollouts` runs it for a fleet."""
 
 from __future__ import annotations
 
@@ -34,12 +13,12 @@ from collections import OrderedDict
 from typing import Any
 
 from edge.errors import ApiError
+from edge.obs.outcomes import WindowStats
 from edge.obs.prom import Exposition, labels
-from edge.upstream.outcomes import WindowStats
-from edge.upstream.plans import Plan, judge, parse_plan
-from edge.upstream.pools import PoolConfigError
-from edge.upstream.registry import PoolRegistry
-from edge.upstream.windows import LocalWindows, Windows
+from edge.release.plans import Plan, judge, parse_plan
+from edge.release.windows import LocalWindows, Windows
+from edge.routing.pools import PoolConfigError
+from edge.routing.registry import PoolRegistry
 
 log = logging.getLogger("sluice.edge")
 CHECK_INTERVAL_S = 0.1
@@ -187,7 +166,7 @@ class Rollout:
         self.state, self.reason = state, reason
         self._event(state, now, reason)
 
-    # -- the fleet's copy (edge.upstream.fleet_rollouts) --------------------------------
+    # -- the fleet's copy (edge.release.fleet_rollouts) --------------------------------
 
     def to_state(self) -> dict[str, Any]:
         """Everything another process needs to go on with it (times on the wall clock)."""
@@ -356,7 +335,7 @@ class Rollouts:
         rollouts = [r.describe() for r in reversed(self.kept.values())]
         return {"active": active.id if active else None, "rollouts": rollouts}
 
-    # -- the admin API's interface (`edge.upstream.fleet_rollouts` has the same) ------------
+    # -- the admin API's interface (`edge.release.fleet_rollouts` has the same) ------------
 
     async def begin(self, plan: Plan) -> dict[str, Any]:
         return self.start(plan).describe()

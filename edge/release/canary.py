@@ -1,20 +1,7 @@
-"""Automatic canary rollback: a pool whose recent outcomes break its `rollback` bounds gets
-weight 0 and drains (its pinned sessions move on), once, with a log line and a count in
-/metrics (`sluice_edge_pool_rollbacks_total`). Rollout plans (`edge.upstream.rollouts`)
-judge a canary against the stable pool step by step; these bounds are absolute.
-
-Judged every `CHECK_INTERVAL_S` over the pool's own window (`window_s`, at least
-`min_requests` outcomes): its error rate *in excess of the rest of the fleet's* over the
-same window against `max_error_rate`, its p99 TTFT against `max_p99_ttft_s`. A weight set
-again by an operator starts a fresh window. In-flight streams are never touched.
-
-With a shared store the window is the fleet's (`edge.upstream.windows.FleetWindows`:
-every process's outcomes summed in Redis, this process's own while Redis fails), and a
-rollback is decided once: the process that judges first publishes the fleet's state with
-the pool drained as a compare-and-set on the state's version (`decide`), so the others,
-which judge the same sum, find the change applied instead of publishing it again; every
-process of every replica then drains the pool through the fleet's control channel.
-"""
+"""Automatic canary rollback: a pool whose window breaks its `rollback` bounds (its error
+rate above the rest of the fleet's, its p99 TTFT) drains, once, logged and counted. With a
+shared store it is decided once for the fleet (`decide`: a compare-and-set on the control
+version). Absolute bounds; rollout plans (`edge.release.rollouts`) judge relative ones."""
 
 from __future__ import annotations
 
@@ -22,12 +9,12 @@ import asyncio
 import logging
 import time
 
+from edge.obs.outcomes import WindowStats
+from edge.release.windows import LocalWindows, Windows
+from edge.routing.fleet import FleetSync, snapshot
+from edge.routing.pools import RollbackSpec
+from edge.routing.registry import PoolRegistry
 from edge.store.base import StoreUnavailable
-from edge.upstream.fleet import FleetSync, snapshot
-from edge.upstream.outcomes import WindowStats
-from edge.upstream.pools import RollbackSpec
-from edge.upstream.registry import PoolRegistry
-from edge.upstream.windows import LocalWindows, Windows
 
 log = logging.getLogger("sluice.edge")
 CHECK_INTERVAL_S = 0.25

@@ -1,29 +1,7 @@
-"""Rollout plans for the whole fleet (`--store-url`): started, read and acted on through
-any edge process of any replica, run by one.
-
-The rollouts live in one document in Redis (`edge.store.rollouts`); every process keeps
-a copy (`Rollouts`, the same objects a single edge runs) and refreshes it on every check
-(`CHECK_INTERVAL_S`, one script call that returns the document only when it changed).
-
-- Running: while a rollout is active, the process holding the lease (`LEASE_S`, renewed
-  on every check) is its owner and ticks it (judged by the fleet's windows,
-  `edge.upstream.windows.FleetWindows`). When the rollout moves on (a step, a rollback,
-  its end), the owner saves the document (a compare-and-set on its version and on the
-  lease) and then publishes the pools' weights through the fleet's control
-  (`edge.upstream.fleet`), which every process applies within a second. An owner that
-  dies stops renewing: after `LEASE_S` another process takes the lease and goes on from
-  the saved step (setting its weights again, in case they were not published).
-- Starting, pausing, resuming, aborting, through any process: the change is made to the
-  latest document and saved as a compare-and-set (tried again on a fresh copy if the
-  owner saved first), then the weights are published. `GET` reads the latest document,
-  so every replica answers the same.
-- A save that lost (the document changed meanwhile) leaves its process's registry as the
-  fleet's control says (`FleetSync.resync`); the next check takes the newer document. A
-  save whose weights could not be published is published again by the next checks.
-- Redis failing: starting and acting answer 503 (`StoreUnavailable`); the owner cannot
-  renew its lease, so the rollout holds where it is (its weights stay) until Redis is
-  back.
-"""
+"""The fleet's rollouts (`--store-url`): one document in Redis, a copy in every process
+(refreshed on each check), run by the process holding the lease (`LEASE_S`); a change is
+saved as a compare-and-set, then its weights published through the fleet's control. A
+lost save gives way (`FleetSync.resync`); while Redis fails the rollout holds its step."""
 
 from __future__ import annotations
 
@@ -38,13 +16,13 @@ from typing import Any
 import orjson
 
 from edge.errors import ApiError
+from edge.release.plans import Plan
+from edge.release.rollouts import CHECK_INTERVAL_S, Rollout, Rollouts, act
+from edge.release.windows import Windows
+from edge.routing.fleet import FleetSync
+from edge.routing.registry import PoolRegistry
 from edge.store.base import StoreUnavailable
 from edge.store.rollouts import RolloutBoard
-from edge.upstream.fleet import FleetSync
-from edge.upstream.plans import Plan
-from edge.upstream.registry import PoolRegistry
-from edge.upstream.rollouts import CHECK_INTERVAL_S, Rollout, Rollouts, act
-from edge.upstream.windows import Windows
 
 log = logging.getLogger("sluice.edge")
 LEASE_S = 2.0  # the owner's lease; it renews it on every check
