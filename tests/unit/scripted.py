@@ -155,6 +155,7 @@ class ScriptedCall:
         self.ended = False  # a final was read, or a failure raised
         self.aborted = False  # cancel() came while the call was still open
         self.answered = asyncio.Event()  # admitted() returned (whatever it said)
+        self.settling: Gate | None = None  # settle() waits here when set
         self._cancelled = asyncio.Event()
 
     async def admitted(self) -> bool:
@@ -202,6 +203,9 @@ class ScriptedCall:
 
     async def settle(self, timeout_s: float) -> bool:
         self.settles += 1
+        if self.settling is not None:
+            self.settling.reached.set()
+            await self.settling.opened.wait()
         return self.ended and not self._cancelled.is_set()
 
     def cancel(self) -> None:
@@ -320,7 +324,7 @@ class ScriptedPicker:
     ) -> Worker:
         free = [w for w in self.workers if w.address not in exclude and w.routable()]
         same = [w for w in free if w.pool == prefer_pool]
-        chosen = (same or free or [None])[0]
+        chosen = (same or free)[0] if free else None
         address = chosen.address if chosen is not None else ""
         self.picks.append(Pick(model, key, frozenset(exclude), prefer_pool, prompt, address))
         if chosen is None:
@@ -344,8 +348,9 @@ class Client:
     """One HTTP request's ASGI receive/send, in memory.
 
     `receive` waits until `leave()` (the body was read already, as uvicorn's does), then
-    says `http.disconnect`. `send` records each message; while `gate` is set and not
-    open, each send waits at it first (a client that stopped reading).
+    says `http.disconnect`; with `leave_when_complete` that comes as the response's last
+    byte goes out (uvicorn reports one then too). `send` records each message; while
+    `gate` is set and not open, each send waits at it first (a client not reading).
     """
 
     def __init__(self, *, http_version: str = "1.1", path: str = "/v1/chat/completions") -> None:
@@ -358,6 +363,7 @@ class Client:
         }
         self.sent: list[Message] = []
         self.gate: Gate | None = None
+        self.leave_when_complete = False
         self.cancelling = -1  # the request task's cancelling() when the app returned
         self._left = asyncio.Event()
         self._changed = asyncio.Event()
@@ -370,9 +376,12 @@ class Client:
         gate = self.gate
         if gate is not None and not gate.opened.is_set():
             gate.reached.set()
-            await gate.opened.wait()
+            async with asyncio.timeout(WAIT_S):  # bounded: a failed test must not hang
+                await gate.opened.wait()
         self.sent.append(message)
         self._changed.set()
+        if self.leave_when_complete and self.complete:
+            self.leave()
 
     def leave(self) -> None:
         self._left.set()

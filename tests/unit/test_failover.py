@@ -204,7 +204,7 @@ async def test_never_the_same_worker_twice_and_at_most_max_tries(
     max_tries: int, attempts: list[str]
 ) -> None:
     # Passive marking off: only the exclusion keeps a failed worker from a second try.
-    scripts = {a: [[UNAVAILABLE]] for a in (A, B, C)}
+    scripts: dict[str, list[list[Step]]] = {a: [[UNAVAILABLE]] for a in (A, B, C)}
     picker, up = setup(scripts, max_tries=max_tries, max_fails=0)
     call = failover_call(picker, up)
     assert await call.admitted() is False
@@ -363,7 +363,8 @@ async def test_a_continuation_nobody_takes_reports_the_original_failure() -> Non
     assert up.attempts == [A, B] and call.continuations == 0
 
 
-SAMPLED, GREEDY, SEEDED = {}, {"temperature": 0.0}, {"seed": 7}
+SAMPLED: dict[str, Any] = {}
+GREEDY, SEEDED = {"temperature": 0.0}, {"seed": 7}
 UNSET = {"temperature": None}  # no temperature: the worker's default (sampled)
 
 
