@@ -80,7 +80,8 @@ class GenerationResponse:
         self._skip_seq = resume.seq if resume is not None and self._replay else -1
         self._origin: tuple[str, str] = ("", "")  # (request id, worker key) of _prefix
         self._prefix = b""
-        self._last_id = b""  # of the last event framed
+        self._framed_id = b""  # of the last event framed
+        self._last_id = b""  # of the last event written (a drain error names it)
         self._retry_pending = True
         self._running = True  # the body has not returned yet
         self._committed = False  # the response's start went out
@@ -177,7 +178,7 @@ class GenerationResponse:
         metrics = job.metrics
         if n > 1:
             metrics.merged_chunks += n
-        await self._write(send, data)
+        await self._write(send, data, eid=self._framed_id)
         now = self._last_ns
         metrics.event_written(rx_ns, now, self._last_event_ns)
         if not self._last_event_ns and not job.resumed and self._record is not None:
@@ -194,7 +195,7 @@ class GenerationResponse:
             raise error
         self._note_final(final)
         data = self._frame(self.fmt.ending(final, self._seq), index, final=True)
-        await self._write(send, data, more=False)
+        await self._write(send, data, more=False, eid=self._framed_id)
 
     def _frame(
         self, events: list[Event], index: int, *, final: bool = False, opening: bool = False
@@ -325,7 +326,7 @@ class GenerationResponse:
         if self.job.resume is None or self._replay:
             data = self._frame(self.fmt.opening_events(self._seq), 0, opening=True)
             if data:
-                await self._write(send, data, watcher=watcher)
+                await self._write(send, data, watcher=watcher, eid=self._framed_id)
 
     def _event(self, data: bytes, cursor: int, event: bytes | None = None, part: int = 0) -> bytes:
         call, job = self.call, self.job
@@ -337,7 +338,7 @@ class GenerationResponse:
         if part:
             eid += b"~%d" % part
         self._seq += 1
-        self._last_id = eid
+        self._framed_id = eid
         framed = sse.encode_data(data, id=eid, event=event)
         if self._retry_pending:
             self._retry_pending = False
@@ -345,8 +346,9 @@ class GenerationResponse:
         return framed
 
     async def _write(
-        self, send: Send, data: bytes, *, more: bool = True, watcher: bool = False
+        self, send: Send, data: bytes, *, more: bool = True, watcher: bool = False, eid: bytes = b""
     ) -> None:
+        """Send `data`; `eid`: the id of its last event, the client's once it is sent."""
         if self._watcher_write is not None and not watcher:
             # Shielded: the body being cancelled here must not cancel the watcher's future
             # (its drain error event waits on it again).
@@ -358,6 +360,8 @@ class GenerationResponse:
             await send({"type": "http.response.body", "body": data, "more_body": more})
         finally:
             self._busy = False
+        if eid:
+            self._last_id = eid
         self._last_ns = time.perf_counter_ns()
 
     def _headers(self, base: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:

@@ -549,12 +549,6 @@ async def test_the_servers_cancel_while_the_watcher_writes_waits_for_it(body_at:
     assert delta("b", None).encode() not in client.body
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="found by these tests: `_last_id` is set when an event is framed, not when it "
-    "is sent, so a drain error while the body waits to write an event to a slow client "
-    "names that unsent event as `last_event_id`; resuming from it loses the event",
-)
 async def test_a_drain_error_names_the_last_event_sent_not_one_waiting_to_be() -> None:
     pause = Gate()
     call = scripted(Accept(), Chunk("a"), Hang(pause), Chunk("b"), End())
