@@ -14,8 +14,8 @@ renames it into place, so an interrupted run never leaves a half-made model behi
 Prints the model directory as its last line.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: tests load this file with exec_module, outside
+# sys.modules, where a dataclass cannot resolve string annotations.
 import argparse
 import importlib
 import importlib.util
