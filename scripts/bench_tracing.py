@@ -26,18 +26,36 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
 from typing import Any
 
-from scripts.bench.config import build_parser, config_from_args
+from scripts import options as shared
+from scripts.bench.config import BenchConfig, OutputConfig
+from scripts.bench.load import LoadConfig
 from scripts.bench.modes import make_factory, measure
 from scripts.bench.overhead import process_cpu
 from scripts.bench.report import meta
 from scripts.bench.stats import summarize
+from scripts.bench.workload import WorkloadConfig
+from sluice_common.options import add_section, option, section_from
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("base", "off", "on")
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    baseline: Path = option(
+        Path(), "--baseline", "checkout without tracing", type=Path, required=True
+    )
+    rounds: int = shared.rounds(2)
+    duration: float = shared.duration(10.0)
+    concurrency: int = shared.concurrency(64)
+    stream_tokens: int = option(500, "--stream-tokens", "tokens per stream (per-event runs)")
+    token_delay: float = shared.token_delay(0.02)
+    name: str = option("issue16-tracing", "--name", "result file name")
 
 
 class Proc:
@@ -96,31 +114,26 @@ def edge(code: Path, worker_port: int, env: dict[str, str]) -> Proc:
     raise RuntimeError(f"edge not ready:\n{proc.stop()[-3000:]}")
 
 
-def harness(tokens: int, args: argparse.Namespace) -> Any:
-    return config_from_args(
-        build_parser().parse_args(
-            [
-                "--mode",
-                "overhead",
-                "--concurrency",
-                str(args.concurrency),
-                "--duration",
-                str(args.duration),
-                "--warmup",
-                str(args.concurrency),
-                "--output-tokens",
-                str(tokens),
-                "--no-plot",
-                "--no-progress",
-            ]
-        )
+def harness(tokens: int, opts: Options) -> BenchConfig:
+    """The harness's overhead-mode settings for one workload (its warm-up: a request per
+    stream)."""
+    load = LoadConfig(
+        concurrency=opts.concurrency, duration_s=opts.duration, warmup=opts.concurrency
+    )
+    return BenchConfig(
+        mode="overhead",
+        load=load,
+        workload=WorkloadConfig(output_tokens=tokens),
+        output=OutputConfig(plot=False, progress=False),
     )
 
 
-def run_workload(name: str, tokens: int, stacks: dict[str, tuple[Proc, Proc]], args: Any) -> Any:
-    cfg = harness(tokens, args)
+def run_workload(
+    name: str, tokens: int, stacks: dict[str, tuple[Proc, Proc]], opts: Options
+) -> Any:
+    cfg = harness(tokens, opts)
     rows: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
-    for r in range(args.rounds):
+    for r in range(opts.rounds):
         for v in VARIANTS:
             e, w = stacks[v]
             label = f"{name} {v} #{r + 1}"
@@ -178,21 +191,15 @@ def markdown(doc: dict[str, Any]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--baseline", required=True, type=Path, help="checkout without tracing")
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--duration", type=float, default=10.0)
-    p.add_argument("--concurrency", type=int, default=64)
-    p.add_argument("--stream-tokens", type=int, default=500)
-    p.add_argument("--token-delay", type=float, default=0.02)
-    p.add_argument("--name", default="issue16-tracing")
-    args = p.parse_args()
-    here, base = ROOT, args.baseline.resolve()
+    add_section(p, "tracing", Options)
+    opts = section_from(p.parse_args(), "tracing", Options)
+    here, base = ROOT, opts.baseline.resolve()
     sink = Proc([sys.executable, "-m", "scripts.otlp_sink"], here, {"PYTHONPATH": str(here)})
     endpoint = f"http://127.0.0.1:{sink.port}"
     procs: list[Proc] = [sink]
     doc: dict[str, Any] = {}
     try:
-        for wl, tokens, delay in (("per_event", args.stream_tokens, args.token_delay),
+        for wl, tokens, delay in (("per_event", opts.stream_tokens, opts.token_delay),
                                   ("per_request", 1, 0.0)):  # fmt: skip
             w_off = worker(here, delay, [])
             w_on = worker(here, delay, ["--otlp-endpoint", endpoint])
@@ -203,7 +210,7 @@ def main() -> None:
             procs += started
             stacks = {"base": (e_base, w_off), "off": (e_off, w_off), "on": (e_on, w_on)}
             try:
-                doc[wl] = run_workload(wl, tokens, stacks, args)
+                doc[wl] = run_workload(wl, tokens, stacks, opts)
             finally:
                 for proc in started:
                     proc.stop()
@@ -213,16 +220,16 @@ def main() -> None:
             if proc is sink:
                 doc["sink"] = out.strip().splitlines()[-1] if out.strip() else ""
     doc.update(
-        name=args.name,
+        name=opts.name,
         command=shlex.join(
             [sys.executable.rsplit("/", 1)[-1], "-m", "scripts.bench_tracing", *sys.argv[1:]]
         ),
-        rounds=args.rounds,
+        rounds=opts.rounds,
         meta=meta(),
     )
     out_dir = ROOT / "scripts" / "results"
-    (out_dir / f"{args.name}.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    (out_dir / f"{args.name}.md").write_text(markdown(doc))
+    (out_dir / f"{opts.name}.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    (out_dir / f"{opts.name}.md").write_text(markdown(doc))
     print(markdown(doc))
 
 

@@ -29,16 +29,27 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
+from scripts import options as shared
+from sluice_common.options import add_section, option, section_from
 from tests.integration.edge_fixtures import EDGE_ENV, wait_ready
 from tests.procs import start_edge, start_worker
 from tests.redis_proc import redis_server
 
 KEY = "bench:sk-bench-0123456789abcdef"
 LIMITS = ["--rate-limit", "100000", "--max-streams-per-key", "10000", "--tpm-limit", "100000000"]
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    seconds: float = option(6.0, "--seconds", "seconds per drive (one edge, one round)")
+    rounds: int = shared.rounds(3, "rounds, each edge in turn (medians reported)")
+    concurrency: int = shared.concurrency(8, "clients, each sending back to back")
+    out: Path = shared.results_dir()  # noqa: RUF009 (a field, as option())
 
 
 def cpu_s(pid: int) -> float:
@@ -88,12 +99,10 @@ def commands(url: str) -> int:
         client.close()
 
 
-def measure(
-    base: str, pids: dict[str, int], args: argparse.Namespace, redis_url: str
-) -> dict[str, float]:
+def measure(base: str, pids: dict[str, int], opts: Options, redis_url: str) -> dict[str, float]:
     before = {k: cpu_s(p) for k, p in pids.items()}
     sent = commands(redis_url)
-    result = asyncio.run(drive(base, args.concurrency, args.seconds))
+    result = asyncio.run(drive(base, opts.concurrency, opts.seconds))
     for k, p in pids.items():
         used = cpu_s(p) - before[k]
         result[f"{k}_cpu_us_per_request"] = round(used / max(result["requests"], 1) * 1e6, 1)
@@ -108,11 +117,8 @@ def measure(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--seconds", type=float, default=6.0)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--concurrency", type=int, default=8)
-    p.add_argument("--out", default=str(Path(__file__).parent / "results"))
-    args = p.parse_args(argv)
+    add_section(p, "limits", Options)
+    opts = section_from(p.parse_args(argv), "limits", Options)
     env = {**EDGE_ENV, "SLUICE_API_KEYS": KEY}
     rounds: dict[str, list[dict[str, float]]] = {"embedded": [], "redis": []}
     with redis_server() as redis:
@@ -123,11 +129,11 @@ def main(argv: list[str] | None = None) -> int:
             for name, extra in (("embedded", []), ("redis", ["--store-url", redis.url])):
                 edges[name] = start_edge("--worker", worker.address, *LIMITS, *extra, env=env)
                 wait_ready(f"http://{edges[name].address}")
-            for _ in range(args.rounds):
+            for _ in range(opts.rounds):
                 for name, edge in edges.items():
                     pids = {"edge": edge.pid, "redis": redis.proc.pid}
                     base = f"http://{edge.address}"
-                    rounds[name].append(measure(base, pids, args, redis.url))
+                    rounds[name].append(measure(base, pids, opts, redis.url))
         finally:
             for edge in edges.values():
                 edge.kill()
@@ -149,13 +155,13 @@ def main(argv: list[str] | None = None) -> int:
     doc = {
         "command": " ".join(["python -m scripts.limits_bench", *(argv or sys.argv[1:])]),
         "commit": commit.stdout.strip(),
-        "concurrency": args.concurrency,
-        "seconds": args.seconds,
+        "concurrency": opts.concurrency,
+        "seconds": opts.seconds,
         "rounds": rounds,
         "results": results,
         "redis_cost": cost,
     }
-    out = Path(args.out)
+    out = opts.out
     out.mkdir(parents=True, exist_ok=True)
     (out / "limits.json").write_text(json.dumps(doc, indent=2) + "\n")
     rows = [
@@ -166,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     md = [
         "# Limits: embedded store vs Redis (one edge process, every limit on)",
         "",
-        f"`{doc['command']}` at {doc['commit']}, {args.concurrency} clients, "
-        f"{args.seconds} s per drive, {args.rounds} rounds alternating the two edges "
+        f"`{doc['command']}` at {doc['commit']}, {opts.concurrency} clients, "
+        f"{opts.seconds} s per drive, {opts.rounds} rounds alternating the two edges "
         "(medians), non-streamed chat completions of 2 tokens (sim worker).",
         "",
         "| store | requests/s | p50 ms | p99 ms | edge CPU µs/request | redis CPU µs/request "

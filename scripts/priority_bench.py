@@ -51,12 +51,33 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from scripts import options as shared  # noqa: E402
+from sluice_common.options import add_section, option, section_from  # noqa: E402
 from tests.integration.edge_fixtures import wait_ready  # noqa: E402
 from tests.procs import Proc, start_edge, start_worker  # noqa: E402
 
 CHAT = "/v1/chat/completions"
 KEYS = {name: f"sk-bench-{name}-{os.urandom(8).hex()}" for name in
         ("interactive", "batch", "tenant-a", "tenant-b")}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    slots: int = option(16, "--slots", "the sim worker's batch slots (as many queued)")
+    headroom: int = option(4, "--headroom", "slots kept for a higher class")
+    ttft: float = option(0.05, "--ttft", "the sim worker's seconds to the first token")
+    token_delay: float = shared.token_delay(0.02)
+    tokens: int = shared.tokens(40, "max_tokens per request (ignore_eos)")
+    probe_rate: float = option(2.0, "--probe-rate", "high-priority requests/s")
+    duration: float = shared.duration(20.0, "measured s per phase")
+    warmup: float = shared.warmup_s(4.0)
+    seed: int = shared.seed(7)
+    out: Path = shared.results_dir()  # noqa: RUF009 (a field, as option())
+
+    @property
+    def capacity(self) -> float:
+        """Requests/s the sim worker completes: slots over its own service time."""
+        return self.slots / (self.ttft + (self.tokens - 1) * self.token_delay)
 
 
 @dataclass
@@ -126,20 +147,20 @@ def pct(values: list[float], q: float) -> float | None:
 
 
 async def phase(
-    base: str, args: argparse.Namespace, streams: list[tuple[str, float, dict[str, str]]]
+    base: str, opts: Options, streams: list[tuple[str, float, dict[str, str]]]
 ) -> dict[str, Any]:
     """Run `streams` (key, rate/s, headers) together; summarize each key's requests
     started in the measured window."""
-    rng = random.Random(args.seed)
+    rng = random.Random(opts.seed)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=512)
     async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits) as client:
         began = time.perf_counter()
-        measured_from = began + args.warmup
-        until = measured_from + args.duration
+        measured_from = began + opts.warmup
+        until = measured_from + opts.duration
         tasks: list[asyncio.Task[Result]] = []
         await asyncio.gather(
             *(
-                arrivals(client, rng, rate, until, key, args.tokens, headers, tasks)
+                arrivals(client, rng, rate, until, key, opts.tokens, headers, tasks)
                 for key, rate, headers in streams
             )
         )
@@ -157,7 +178,7 @@ async def phase(
             "refused_429": sum(r.status == 429 for r in mine),
             "other_failures": len(mine) - len(ok) - sum(r.status == 429 for r in mine),
             "admitted_fraction": round(len(ok) / len(mine), 3) if mine else None,
-            "completed_per_s": round(len(ok) / args.duration, 2),
+            "completed_per_s": round(len(ok) / opts.duration, 2),
             "ttft_p50_ms": pct(ttfts, 0.5),
             "ttft_p90_ms": pct(ttfts, 0.9),
             "ttft_p99_ms": pct(ttfts, 0.99),
@@ -166,16 +187,14 @@ async def phase(
     return out
 
 
-def start_stack(
-    args: argparse.Namespace, keys_file: Path, headroom: int | None
-) -> tuple[Proc, Proc]:
+def start_stack(opts: Options, keys_file: Path, headroom: int | None) -> tuple[Proc, Proc]:
     """A fresh sim worker (no class in use yet) and an edge in front of it; headroom
     None: the worker's automatic one."""
     fixed = [] if headroom is None else ["--priority-headroom", str(headroom)]
     worker = start_worker(
-        "--engine", "sim", "--sim-ttft", str(args.ttft), "--sim-token-delay",
-        str(args.token_delay), "--max-num-seqs", str(args.slots), "--max-waiting",
-        str(args.slots), *fixed,
+        "--engine", "sim", "--sim-ttft", str(opts.ttft), "--sim-token-delay",
+        str(opts.token_delay), "--max-num-seqs", str(opts.slots), "--max-waiting",
+        str(opts.slots), *fixed,
     )  # fmt: skip
     try:
         edge = start_edge(
@@ -190,26 +209,26 @@ def start_stack(
     return worker, edge
 
 
-def run(args: argparse.Namespace, keys_file: Path, capacity: float) -> dict[str, Any]:
+def run(opts: Options, keys_file: Path, capacity: float) -> dict[str, Any]:
     """Each phase on its own fresh stack: which classes are in use starts empty."""
     low = {"x-sluice-priority": "low"}
-    flood = [("batch", 3 * capacity, {}), ("interactive", args.probe_rate, {})]
+    flood = [("batch", 3 * capacity, {}), ("interactive", opts.probe_rate, {})]
     plan: list[tuple[str, int | None, list[tuple[str, float, dict[str, str]]]]] = [
-        ("fair_equal", args.headroom,
+        ("fair_equal", opts.headroom,
          [("tenant-a", 1.5 * capacity, {}), ("tenant-b", 1.5 * capacity, {})]),
-        ("fair_unequal", args.headroom,
+        ("fair_unequal", opts.headroom,
          [("tenant-a", 2.5 * capacity, {}), ("tenant-b", 0.5 * capacity, {})]),
-        ("flood_one_class", args.headroom,
-         [("batch", 3 * capacity, {}), ("interactive", args.probe_rate, low)]),
-        ("unloaded", args.headroom, [("interactive", args.probe_rate, {})]),
-        ("flood", args.headroom, flood),
+        ("flood_one_class", opts.headroom,
+         [("batch", 3 * capacity, {}), ("interactive", opts.probe_rate, low)]),
+        ("unloaded", opts.headroom, [("interactive", opts.probe_rate, {})]),
+        ("flood", opts.headroom, flood),
         ("flood_auto_headroom", None, flood),
     ]  # fmt: skip
     phases = {}
     for name, headroom, streams in plan:
-        worker, edge = start_stack(args, keys_file, headroom)
+        worker, edge = start_stack(opts, keys_file, headroom)
         try:
-            phases[name] = asyncio.run(phase(f"http://{edge.address}", args, streams))
+            phases[name] = asyncio.run(phase(f"http://{edge.address}", opts, streams))
             phases[name]["headroom"] = "auto" if headroom is None else headroom
         finally:
             edge.kill()
@@ -302,28 +321,19 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--slots", type=int, default=16)
-    ap.add_argument("--headroom", type=int, default=4, help="slots kept for a higher class")
-    ap.add_argument("--ttft", type=float, default=0.05)
-    ap.add_argument("--token-delay", type=float, default=0.02)
-    ap.add_argument("--tokens", type=int, default=40)
-    ap.add_argument("--probe-rate", type=float, default=2.0, help="high-priority requests/s")
-    ap.add_argument("--duration", type=float, default=20.0, help="measured s per phase")
-    ap.add_argument("--warmup", type=float, default=4.0, help="s of load before measuring")
-    ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--out", type=Path, default=ROOT / "scripts" / "results")
-    args = ap.parse_args()
+    add_section(ap, "priority", Options)
+    opts = section_from(ap.parse_args(), "priority", Options)
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
     ).stdout.strip()
-    capacity = args.slots / (args.ttft + (args.tokens - 1) * args.token_delay)
-    args.out.mkdir(parents=True, exist_ok=True)
-    keys_file = args.out / "priority-keys"
+    capacity = opts.capacity
+    opts.out.mkdir(parents=True, exist_ok=True)
+    keys_file = opts.out / "priority-keys"
     keys_file.write_text(
         "".join(f"{n}:sha256:{hashlib.sha256(k.encode()).hexdigest()}\n" for n, k in KEYS.items())
     )
     try:
-        phases = run(args, keys_file, capacity)
+        phases = run(opts, keys_file, capacity)
     finally:
         keys_file.unlink(missing_ok=True)
     result: dict[str, Any] = {
@@ -331,22 +341,22 @@ def main() -> int:
         "commit": commit,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "config": {
-            "slots": args.slots,
-            "headroom": args.headroom,
-            "ttft_s": args.ttft,
-            "token_delay_s": args.token_delay,
-            "tokens": args.tokens,
+            "slots": opts.slots,
+            "headroom": opts.headroom,
+            "ttft_s": opts.ttft,
+            "token_delay_s": opts.token_delay,
+            "tokens": opts.tokens,
             "capacity_per_s": round(capacity, 2),
-            "probe_rate_per_s": args.probe_rate,
-            "duration_s": args.duration,
-            "warmup_s": args.warmup,
+            "probe_rate_per_s": opts.probe_rate,
+            "duration_s": opts.duration,
+            "warmup_s": opts.warmup,
         },
         "phases": phases,
     }
     result["verdicts"] = verdicts(phases)
-    (args.out / "priority.json").write_text(json.dumps(result, indent=1))
+    (opts.out / "priority.json").write_text(json.dumps(result, indent=1))
     text = markdown(result)
-    (args.out / "priority.md").write_text(text)
+    (opts.out / "priority.md").write_text(text)
     print(text)
     v = result["verdicts"]
     goals = (v["equal_shares_within_10pct"], v["high_all_admitted_under_flood"])

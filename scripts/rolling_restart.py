@@ -42,7 +42,21 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-ADMIN_KEY_ENV = "SLUICE_ADMIN_KEY"
+from scripts import options as shared
+from sluice_common.options import add_section, option, section_from
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    edge: str | None = option(None, "--edge", "edge base URL (admin API); none: health only")
+    pool: str = option("default", "--pool", "the workers' pool on the edge")
+    workers: list[str] = option(
+        [], "--worker", "in restart order", action="append", required=True, metavar="ADDR=PID"
+    )
+    admin_key_file: str = shared.admin_key_file()
+    drain_timeout: float = option(60.0, "--drain-timeout", "seconds, then SIGKILL")
+    ready_timeout: float = option(120.0, "--ready-timeout", "seconds to SERVING")
+    settle: float = option(2.0, "--settle", "seconds after each (no --edge)")
 
 
 @dataclass
@@ -181,16 +195,16 @@ def wait_serving(address: str, proc: subprocess.Popen[bytes], timeout: float) ->
     raise RuntimeError(f"worker at {address} not SERVING after {timeout}s")
 
 
-def restart(target: Target, admin: Admin, args: argparse.Namespace) -> dict[str, object]:
+def restart(target: Target, admin: Admin, opts: Options) -> dict[str, object]:
     t0 = time.monotonic()
     admin.remove(target.address)
-    stop(target.pid, args.drain_timeout)
+    stop(target.pid, opts.drain_timeout)
     drained = time.monotonic()
-    proc, address = start(target, args.ready_timeout)
-    wait_serving(address, proc, args.ready_timeout)
-    admin.add(address, args.ready_timeout)
+    proc, address = start(target, opts.ready_timeout)
+    wait_serving(address, proc, opts.ready_timeout)
+    admin.add(address, opts.ready_timeout)
     if admin.edge is None:
-        time.sleep(args.settle)
+        time.sleep(opts.settle)
     return {
         "address": address,
         "old_pid": target.pid,
@@ -200,38 +214,31 @@ def restart(target: Target, admin: Admin, args: argparse.Namespace) -> dict[str,
     }
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None) -> Options:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--edge", default=None, help="edge base URL (admin API); none: health only")
-    p.add_argument("--pool", default="default", help="the workers' pool on the edge")
-    p.add_argument(
-        "--worker", action="append", required=True, metavar="ADDR=PID", help="in restart order"
-    )
-    p.add_argument("--admin-key-file", default="", help=f"else ${ADMIN_KEY_ENV}")
-    p.add_argument("--drain-timeout", type=float, default=60.0, help="seconds, then SIGKILL")
-    p.add_argument("--ready-timeout", type=float, default=120.0, help="seconds to SERVING")
-    p.add_argument("--settle", type=float, default=2.0, help="seconds after each (no --edge)")
-    return p.parse_args(argv)
+    add_section(p, "restart", Options)
+    return section_from(p.parse_args(argv), "restart", Options)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    key = Path(args.admin_key_file).read_text().strip() if args.admin_key_file else ""
-    key = key or os.environ.get(ADMIN_KEY_ENV, "")
-    if args.edge and not key:
-        print(f"--edge needs the admin key (${ADMIN_KEY_ENV} or --admin-key-file)", file=sys.stderr)
+    opts = parse_args(argv)
+    key = Path(opts.admin_key_file).read_text().strip() if opts.admin_key_file else ""
+    key = key or os.environ.get(shared.ADMIN_KEY_ENV, "")
+    if opts.edge and not key:
+        env = shared.ADMIN_KEY_ENV
+        print(f"--edge needs the admin key (${env} or --admin-key-file)", file=sys.stderr)
         return 2
     targets = []
-    for spec in args.worker:
+    for spec in opts.workers:
         address, _, pid = spec.rpartition("=")
         if not address or not pid.isdigit() or not alive(int(pid)):
             print(f"--worker {spec}: want ADDR=PID of a running process", file=sys.stderr)
             return 2
         targets.append(Target.from_proc(address, int(pid)))
-    admin = Admin(args.edge, key, args.pool)
+    admin = Admin(opts.edge, key, opts.pool)
     for target in targets:
         try:
-            print(json.dumps(restart(target, admin, args)), flush=True)
+            print(json.dumps(restart(target, admin, opts)), flush=True)
         except (RuntimeError, OSError, httpx.HTTPError) as exc:
             print(f"restarting {target.address} failed: {exc}", file=sys.stderr)
             return 1

@@ -35,12 +35,15 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-ADMIN_KEY_ENV = "SLUICE_ADMIN_KEY"
+from scripts import options as shared
+from sluice_common.options import add_section, option, section_from
+
 ENDED = ("finished", "rolled_back", "aborted")
 
 
@@ -103,36 +106,97 @@ def follow(admin: Admin, rid: str, interval: float) -> dict[str, Any]:
         time.sleep(interval)
 
 
-def plan_of(args: argparse.Namespace) -> dict[str, Any]:
-    steps = [float(s) for s in args.steps.split(",") if s.strip()]
-    analysis: dict[str, Any] = {"min_samples": args.min_samples}
-    for name, value in (
-        ("window_s", args.window),
-        ("max_error_rate_increase", args.max_error_rate_increase),
-        ("max_ttft_p99_ratio", args.max_ttft_ratio),
-        ("max_itl_p99_ratio", args.max_itl_ratio),
-        ("latency_slack_ms", args.latency_slack_ms),
-    ):
-        if value is not None:
-            analysis[name] = value
-    plan: dict[str, Any] = {
-        "canary": args.canary,
-        "steps": steps,
-        "hold_s": args.hold,
-        "analysis": analysis,
-    }
-    if args.stable:
-        plan["stable"] = args.stable
-    return plan
+@dataclass
+class Fleet:
+    """The edges every command talks to."""
+
+    edge: list[str] = option(
+        [], "--edge", "edge base URL (repeat: every edge)", action="append", required=True
+    )
+    admin_key_file: str = shared.admin_key_file()
+    interval: float = option(0.5, "--interval", "seconds between polls")
 
 
-def run(admins: list[Admin], args: argparse.Namespace) -> int:
+@dataclass
+class Release:
+    """`run`'s options: the canary pool, its workers and the plan."""
+
+    canary: str = option("", "--canary", "the new version's pool", required=True)
+    stable: str = option("", "--stable", "the pool it replaces (default: the other)")
+    version: str = option("", "--version", "version label of a new canary pool")
+    worker: list[str] = option([], "--worker", "canary worker host:port", action="append")
+    steps: str = shared.steps()
+    hold: float = shared.hold(60.0)
+    window: float | None = option(None, "--window", "analysis window, s (hold)", type=float)
+    min_samples: int = shared.min_samples(20)
+    # Unset: the edge's defaults (edge/upstream/plans.py).
+    max_error_rate_increase: float | None = option(
+        None, "--max-error-rate-increase", "canary's error rate minus stable's, at most", type=float
+    )
+    max_ttft_ratio: float | None = option(
+        None, "--max-ttft-ratio", "p99 TTFT vs stable", type=float
+    )
+    max_itl_ratio: float | None = option(None, "--max-itl-ratio", "p99 ITL vs stable", type=float)
+    latency_slack_ms: float | None = option(
+        None,
+        "--latency-slack-ms",
+        "a latency bound also needs the canary this many ms worse",
+        type=float,
+    )
+    ready_timeout: float = option(900.0, "--ready-timeout", "s for workers to serve")
+
+    def plan(self) -> dict[str, Any]:
+        """The plan `POST /admin/rollouts` takes (unset analysis fields: the edge's)."""
+        analysis: dict[str, Any] = {"min_samples": self.min_samples}
+        for name, value in (
+            ("window_s", self.window),
+            ("max_error_rate_increase", self.max_error_rate_increase),
+            ("max_ttft_p99_ratio", self.max_ttft_ratio),
+            ("max_itl_p99_ratio", self.max_itl_ratio),
+            ("latency_slack_ms", self.latency_slack_ms),
+        ):
+            if value is not None:
+                analysis[name] = value
+        plan: dict[str, Any] = {
+            "canary": self.canary,
+            "steps": shared.percents(self.steps),
+            "hold_s": self.hold,
+            "analysis": analysis,
+        }
+        if self.stable:
+            plan["stable"] = self.stable
+        return plan
+
+
+@dataclass
+class Status:
+    all: bool = option(False, "--all", "every rollout the edge keeps", action="store_true")
+
+
+@dataclass
+class Args(Fleet, Release, Status):
+    """A parsed command line: the command, the rollout it names, and every option (the
+    defaults where the command has none)."""
+
+    command: str = ""
+    id: str = ""
+
+
+# Section -> its dataclass, and the subcommand whose parser has it ("": every command).
+SECTIONS: dict[str, tuple[str, type]] = {
+    "fleet": ("", Fleet),
+    "run": ("run", Release),
+    "status": ("status", Status),
+}
+
+
+def run(admins: list[Admin], args: Args) -> int:
     for admin in admins:
         if args.worker:
             register(admin, args.canary, args.version, args.worker)
     for admin in admins:
         wait_routable(admin, args.canary, args.ready_timeout)
-    rids = [admin.call("POST", "/rollouts", plan_of(args))["id"] for admin in admins]
+    rids = [admin.call("POST", "/rollouts", args.plan())["id"] for admin in admins]
     try:
         done = follow_all(admins, rids, args.interval)
     except KeyboardInterrupt:
@@ -189,40 +253,33 @@ def report(rollout: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None) -> Args:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--edge", action="append", required=True, help="edge base URL (repeat: every edge)"
-    )
-    p.add_argument("--admin-key-file", default="", help=f"else ${ADMIN_KEY_ENV}")
-    p.add_argument("--interval", type=float, default=0.5, help="seconds between polls")
     sub = p.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("run", help="register the canary's workers, run a plan, report")
-    r.add_argument("--canary", required=True, help="the new version's pool")
-    r.add_argument("--stable", default="", help="the pool it replaces (default: the other)")
-    r.add_argument("--version", default="", help="version label of a new canary pool")
-    r.add_argument("--worker", action="append", default=[], help="canary worker host:port")
-    r.add_argument("--steps", default="1,5,25,50,100", help="canary %% per step, ending at 100")
-    r.add_argument("--hold", type=float, default=60.0, help="seconds per step")
-    r.add_argument("--window", type=float, default=None, help="analysis window, s (hold)")
-    r.add_argument("--min-samples", type=int, default=20, help="canary outcomes to judge")
-    r.add_argument("--max-error-rate-increase", type=float, default=None)
-    r.add_argument("--max-ttft-ratio", type=float, default=None, help="p99 TTFT vs stable")
-    r.add_argument("--max-itl-ratio", type=float, default=None, help="p99 ITL vs stable")
-    r.add_argument("--latency-slack-ms", type=float, default=None)
-    r.add_argument("--ready-timeout", type=float, default=900.0, help="s for workers to serve")
-    s = sub.add_parser("status", help="the active (or named) rollout")
-    s.add_argument("id", nargs="?", default="")
-    s.add_argument("--all", action="store_true", help="every rollout the edge keeps")
+    parsers = {
+        "": p,
+        "run": sub.add_parser("run", help="register the canary's workers, run a plan, report"),
+        "status": sub.add_parser("status", help="the active (or named) rollout"),
+    }
+    parsers["status"].add_argument("id", nargs="?", default="")
     for verb in ("pause", "resume", "abort", "watch"):
         sub.add_parser(verb, help=f"{verb} a rollout").add_argument("id")
-    return p.parse_args(argv)
+    for name, (command, cls) in SECTIONS.items():
+        add_section(parsers[command], name, cls)
+    ns = p.parse_args(argv)
+    values: dict[str, Any] = {"command": ns.command, "id": getattr(ns, "id", "")}
+    for name, (command, cls) in SECTIONS.items():
+        if command in ("", ns.command):
+            values.update(vars(section_from(ns, name, cls)))
+    return Args(**values)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     key_file = args.admin_key_file
-    key = Path(key_file).read_text().strip() if key_file else os.environ.get(ADMIN_KEY_ENV, "")
+    key = (
+        Path(key_file).read_text().strip() if key_file else os.environ.get(shared.ADMIN_KEY_ENV, "")
+    )
     admins = [Admin(edge, key) for edge in args.edge]
     admin = admins[0]  # the other commands act on one edge (the first)
     try:

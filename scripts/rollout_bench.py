@@ -42,12 +42,27 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from scripts import options as shared  # noqa: E402
+from sluice_common.options import add_section, option, section_from  # noqa: E402
 from tests.procs import start_edge, start_worker  # noqa: E402
 
 CHAT = "/v1/chat/completions"
 ADMIN_KEY = "rollout-bench-admin-key"
 AUTH = {"authorization": f"Bearer {ADMIN_KEY}"}
 WORKER_ARGS = ("--engine", "sim", "--sim-ttft", "0.02", "--sim-token-delay", "0.005")
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    steps: str = shared.steps()
+    hold: float = shared.hold(4.0)
+    min_samples: int = shared.min_samples(5)
+    conversations: int = option(16, "--conversations", "dialogues at a time")
+    turns: int = option(4, "--turns", "turns per dialogue")
+    tokens: int = shared.tokens(16, "max_tokens per turn")
+    warmup: float = shared.warmup_s(2.0, "s of load before the plan")
+    limit: float = option(120.0, "--limit", "s before the plan is aborted")
+    out: Path = shared.results_dir()  # noqa: RUF009 (a field, as option())
 
 
 @dataclass
@@ -93,9 +108,7 @@ async def one_turn(
     return Request(conv, started, pool, status == 200 and done, ttft, moved)
 
 
-async def conversations(
-    base: str, args: argparse.Namespace, out: list[Request], stop: asyncio.Event
-) -> None:
+async def conversations(base: str, opts: Options, out: list[Request], stop: asyncio.Event) -> None:
     counter = iter(range(1 << 30))
 
     async def loop() -> None:
@@ -103,12 +116,12 @@ async def conversations(
             conv = next(counter)
             messages: list[dict[str, str]] = []
             async with httpx.AsyncClient(timeout=30) as client:  # its own cookie jar
-                for i in range(args.turns):
+                for i in range(opts.turns):
                     messages.append({"role": "user", "content": f"turn {i} of {conv}"})
-                    out.append(await one_turn(client, base, conv, messages, args.tokens))
+                    out.append(await one_turn(client, base, conv, messages, opts.tokens))
                     messages.append({"role": "assistant", "content": "ok"})
 
-    await asyncio.gather(*(loop() for _ in range(args.conversations)))
+    await asyncio.gather(*(loop() for _ in range(opts.conversations)))
 
 
 async def watch_weights(
@@ -124,26 +137,26 @@ async def watch_weights(
             await asyncio.sleep(0.02)
 
 
-async def run(base: str, args: argparse.Namespace) -> dict[str, Any]:
+async def run(base: str, opts: Options) -> dict[str, Any]:
     requests: list[Request] = []
     seen: dict[float, float] = {}
     stop = asyncio.Event()
-    load = asyncio.create_task(conversations(base, args, requests, stop))
+    load = asyncio.create_task(conversations(base, opts, requests, stop))
     watcher = asyncio.create_task(watch_weights(base, "canary", seen, stop))
-    await asyncio.sleep(args.warmup)
+    await asyncio.sleep(opts.warmup)
     plan = {
         "canary": "canary",
         "stable": "stable",
-        "steps": [float(s) for s in args.steps.split(",")],
-        "hold_s": args.hold,
-        "analysis": {"min_samples": args.min_samples, "latency_slack_ms": 50},
+        "steps": shared.percents(opts.steps),
+        "hold_s": opts.hold,
+        "analysis": {"min_samples": opts.min_samples, "latency_slack_ms": 50},
     }
     async with httpx.AsyncClient(timeout=10) as c:
         resp = await c.post(f"{base}/admin/rollouts", json=plan, headers=AUTH)
         resp.raise_for_status()
         rid = resp.json()["id"]
         began = time.time()
-        deadline = time.monotonic() + args.limit
+        deadline = time.monotonic() + opts.limit
         while True:
             rollout = (await c.get(f"{base}/admin/rollouts/{rid}", headers=AUTH)).json()
             if rollout["state"] in ("finished", "rolled_back", "aborted"):
@@ -242,24 +255,16 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", default="1,5,25,50,100")
-    ap.add_argument("--hold", type=float, default=4.0, help="seconds per step")
-    ap.add_argument("--min-samples", type=int, default=5)
-    ap.add_argument("--conversations", type=int, default=16, help="dialogues at a time")
-    ap.add_argument("--turns", type=int, default=4)
-    ap.add_argument("--tokens", type=int, default=16, help="max_tokens per turn")
-    ap.add_argument("--warmup", type=float, default=2.0, help="s of load before the plan")
-    ap.add_argument("--limit", type=float, default=120.0, help="s before the plan is aborted")
-    ap.add_argument("--out", type=Path, default=ROOT / "scripts" / "results")
-    args = ap.parse_args()
+    add_section(ap, "rollout", Options)
+    opts = section_from(ap.parse_args(), "rollout", Options)
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
     ).stdout.strip()
     workers = [start_worker(*WORKER_ARGS, wait=False) for _ in range(3)]
     edge = None
     try:
-        pools = args.out / "rollout-pools.json"
-        args.out.mkdir(parents=True, exist_ok=True)
+        pools = opts.out / "rollout-pools.json"
+        opts.out.mkdir(parents=True, exist_ok=True)
         pools.write_text(
             json.dumps(
                 [
@@ -281,18 +286,18 @@ def main() -> int:
         ):
             assert time.monotonic() < deadline, "workers did not become routable"
             time.sleep(0.05)
-        result = asyncio.run(run(base, args))
+        result = asyncio.run(run(base, opts))
     finally:
         if edge is not None:
             edge.kill()
         for w in workers:
             w.kill()
-        (args.out / "rollout-pools.json").unlink(missing_ok=True)
+        (opts.out / "rollout-pools.json").unlink(missing_ok=True)
     result["command"] = "python -m scripts.rollout_bench " + " ".join(sys.argv[1:])
     result["commit"], result["machine"] = commit, f"{platform.machine()}, {os.cpu_count()} cores"
-    (args.out / "rollout.json").write_text(json.dumps(result, indent=1))
+    (opts.out / "rollout.json").write_text(json.dumps(result, indent=1))
     text = markdown(result)
-    (args.out / "rollout.md").write_text(text)
+    (opts.out / "rollout.md").write_text(text)
     print(text)
     ok = result["state"] == "finished" and not result["failed"]
     return 0 if ok and not result["switched_pool_mid_dialogue"] else 1

@@ -34,6 +34,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from scripts import options as shared  # noqa: E402
+from sluice_common.options import add_section, option, section_from  # noqa: E402
 from tests.procs import Proc, start_edge, start_worker  # noqa: E402
 
 CHAT = "/v1/chat/completions"
@@ -44,6 +46,14 @@ BAD = [
     {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"},
     {"prompt": 5},
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    minutes: float = option(30.0, "--minutes", "how long the traffic runs")
+    clients: int = option(8, "--clients", "client loops, each one request at a time")
+    sample_s: float = option(60.0, "--sample-s", "seconds per sample")
+    out: Path = shared.results_dir()  # noqa: RUF009 (a field, as option())
 
 
 @dataclass
@@ -159,14 +169,14 @@ def p99(values: list[float]) -> float | None:
     return v[min(len(v) - 1, int(0.99 * len(v)))]
 
 
-async def run(args: argparse.Namespace, procs: dict[str, Proc], base: str) -> dict[str, Any]:
+async def run(opts: Options, procs: dict[str, Proc], base: str) -> dict[str, Any]:
     s = Soak(base)
     t0 = time.monotonic()
-    until = t0 + args.minutes * 60
-    loops = [asyncio.create_task(client_loop(s, until, i)) for i in range(args.clients)]
+    until = t0 + opts.minutes * 60
+    loops = [asyncio.create_task(client_loop(s, until, i)) for i in range(opts.clients)]
     samples: list[dict[str, Any]] = []
     while time.monotonic() < until:
-        await asyncio.sleep(min(args.sample_s, max(0.0, until - time.monotonic())))
+        await asyncio.sleep(min(opts.sample_s, max(0.0, until - time.monotonic())))
         minute, s.minute = s.minute, Minute()
         row: dict[str, Any] = {"t_s": round(time.monotonic() - t0, 1),
                                "requests": minute.requests,
@@ -195,11 +205,8 @@ async def run(args: argparse.Namespace, procs: dict[str, Proc], base: str) -> di
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--minutes", type=float, default=30.0)
-    ap.add_argument("--clients", type=int, default=8)
-    ap.add_argument("--sample-s", type=float, default=60.0, help="seconds per sample")
-    ap.add_argument("--out", type=Path, default=ROOT / "scripts" / "results")
-    args = ap.parse_args()
+    add_section(ap, "soak", Options)
+    opts = section_from(ap.parse_args(), "soak", Options)
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
     ).stdout.strip()  # the code the processes start from
@@ -213,14 +220,14 @@ def main() -> int:
         while httpx.get(f"{base}/readyz").status_code != 200:
             assert time.monotonic() < deadline, "the edge did not get ready"
             time.sleep(0.05)
-        result = asyncio.run(run(args, {"worker": worker, "edge": edge}, base))
+        result = asyncio.run(run(opts, {"worker": worker, "edge": edge}, base))
     finally:
         edge.kill()
         worker.kill()
     result["command"] = "python -m scripts.soak " + " ".join(sys.argv[1:])
     result["commit"], result["machine"] = commit, f"{platform.machine()}, {os.cpu_count()} cores"
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "soak.json").write_text(json.dumps(result, indent=1))
+    opts.out.mkdir(parents=True, exist_ok=True)
+    (opts.out / "soak.json").write_text(json.dumps(result, indent=1))
     lines = [
         "# Soak", "", f"`{result['command']}` at {commit} ({result['machine']})", "",
         f"- requests by kind: {result['requests']}",
@@ -234,7 +241,7 @@ def main() -> int:
         *(f"| {r['t_s']} | {r['requests']} | {r['p99_ms'] and round(r['p99_ms'], 1)} | "
           f"{r['worker_rss_mb']} | {r['edge_rss_mb']} |" for r in result["samples"]),
     ]  # fmt: skip
-    (args.out / "soak.md").write_text("\n".join(lines) + "\n")
+    (opts.out / "soak.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 1 if result["errors"] else 0
 

@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,8 @@ sys.path.insert(0, str(ROOT))
 
 from generated import sluice_pb2 as pb  # noqa: E402
 from model_service.server import write_port_file  # noqa: E402
+from scripts import options as shared  # noqa: E402
+from sluice_common.options import add_section, option, section_from  # noqa: E402
 from tests.procs import Proc, start_worker  # noqa: E402
 
 RESULTS = ROOT / "scripts" / "results" / "worker-cpu.json"
@@ -237,16 +240,38 @@ async def mux_mode(
 MODES = {"tokens": tokens_mode, "requests": requests_mode, "mux": mux_mode}
 
 
-async def measure(args: argparse.Namespace, address: str, pid: int) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class Options:
+    mode: str = option(
+        "both", "--mode", "both: tokens and requests; all: and mux", choices=(*MODES, "both", "all")
+    )
+    concurrency: int = shared.concurrency(64)
+    duration: float = shared.duration(15.0, "measured seconds per mode")
+    warmup: float = shared.warmup_s(3.0, "seconds before the window")
+    label: str = option("run", "--label", "key of this run in the JSON file")
+    worker_args: tuple[str, ...] = shared.worker_args()
+    out: str = option(str(RESULTS), "--out", "the JSON file (other labels in it are kept)")
+    floor: bool = option(False, "--floor", "measure a bare grpc.aio server", action="store_true")
+    floor_loop: str = option(
+        "auto",
+        "--floor-loop",
+        "the floor server's event loop",
+        choices=("auto", "asyncio", "uvloop"),
+    )
+    # Set by `start_floor` for the floor server's own process.
+    serve_floor: str = option("", "--serve-floor", argparse.SUPPRESS, metavar="PORT_FILE")
+
+
+async def measure(opts: Options, address: str, pid: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    modes = ("tokens", "requests") if args.mode == "both" else (args.mode,)
-    if args.mode == "all":
+    modes = ("tokens", "requests") if opts.mode == "both" else (opts.mode,)
+    if opts.mode == "all":
         modes = ("tokens", "requests", "mux")
     async with grpc.aio.insecure_channel(address) as channel:
         for mode in modes:
             run = MODES[mode]
             window = Window(pid)
-            out[mode] = await run(channel, window, args.concurrency, args.warmup, args.duration)
+            out[mode] = await run(channel, window, opts.concurrency, opts.warmup, opts.duration)
             print(mode, json.dumps(out[mode]), flush=True)
     return out
 
@@ -326,30 +351,21 @@ def git_commit() -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--mode", choices=(*MODES, "both", "all"), default="both")
-    p.add_argument("--concurrency", type=int, default=64)
-    p.add_argument("--duration", type=float, default=15.0, help="measured seconds per mode")
-    p.add_argument("--warmup", type=float, default=3.0, help="seconds before the window")
-    p.add_argument("--label", default="run", help="key of this run in the JSON file")
-    p.add_argument("--worker-arg", action="append", default=[], help="extra worker flag")
-    p.add_argument("--out", default=str(RESULTS))
-    p.add_argument("--floor", action="store_true", help="measure a bare grpc.aio server")
-    p.add_argument("--floor-loop", choices=("auto", "asyncio", "uvloop"), default="auto")
-    p.add_argument("--serve-floor", metavar="PORT_FILE", help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.serve_floor:
+    add_section(p, "cpu", Options)
+    opts = section_from(p.parse_args(), "cpu", Options)
+    if opts.serve_floor:
         from model_service.__main__ import run
 
-        run(serve_floor(args.serve_floor), args.floor_loop)
+        run(serve_floor(opts.serve_floor), opts.floor_loop)
         return 0
-    worker_args = [*WORKER_ARGS, *args.worker_arg]
-    if args.floor:
-        worker_args = ["(none: bare grpc.aio server, --floor-loop", args.floor_loop + ")"]
-        proc = start_floor(args.floor_loop)
+    worker_args = [*WORKER_ARGS, *opts.worker_args]
+    if opts.floor:
+        worker_args = ["(none: bare grpc.aio server, --floor-loop", opts.floor_loop + ")"]
+        proc = start_floor(opts.floor_loop)
     else:
         proc = start_worker(*worker_args)
     try:
-        results = asyncio.run(measure(args, proc.address, proc.pid))
+        results = asyncio.run(measure(opts, proc.address, proc.pid))
     finally:
         proc.terminate(10)
     record = {
@@ -358,15 +374,15 @@ def main() -> int:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "python": platform.python_version(),
         "grpcio": grpc.__version__,
-        "worker": ("python -m model_service " if not args.floor else "") + " ".join(worker_args),
+        "worker": ("python -m model_service " if not opts.floor else "") + " ".join(worker_args),
         "client": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         **results,
     }
-    path = Path(args.out)
+    path = Path(opts.out)
     existing = json.loads(path.read_text()) if path.exists() else {}
-    existing[args.label] = record
+    existing[opts.label] = record
     path.write_text(json.dumps(existing, indent=2) + "\n")
-    print(f"wrote {path} [{args.label}]")
+    print(f"wrote {path} [{opts.label}]")
     return 0
 
 

@@ -4,7 +4,7 @@ One module per concept:
 
 | module | concept |
 | --- | --- |
-| `config.py` | the CLI and the dataclasses it fills |
+| `config.py` | the options, one dataclass per concern, and the CLI made from them |
 | `workload.py` | prompt and output-length distributions -> request specs |
 | `record.py` | what is measured about one request |
 | `sse_reader.py` | HTTP/1.1 + chunked + SSE framing over a raw asyncio socket (bytes only) |

@@ -18,9 +18,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from scripts import options as shared
 from scripts.bench.progress import Progress
 from scripts.bench.record import RequestRecord, refresh_wall_offset
 from scripts.bench.workload import RequestSpec, Source
+from sluice_common.options import option
 
 
 class Driver(Protocol):
@@ -37,17 +39,20 @@ class Driver(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class LoadConfig:
-    """How much load, for how long."""
+    """How much load, for how long (the `load` options)."""
 
-    concurrency: int = 8
-    rate: float = 0.0  # requests/s; > 0 selects the open loop
-    max_concurrency: int = 0  # open loop: most requests in flight (0 = no cap)
-    duration_s: float = 0.0  # stop issuing after this long (0 = no time bound)
-    requests: int = 0  # stop issuing after this many (0 = no count bound)
-    warmup: int = 0  # requests sent and discarded before measuring
-    ramp: float = 0.0  # closed loop: users started per second (0 = all at once)
-    drain_timeout_s: float = 60.0
-    seed: int = 0
+    concurrency: int = shared.concurrency(8, "closed loop: streams in flight")
+    rate: float = option(0.0, "--rate", "open loop: Poisson arrivals/s")  # > 0: open loop
+    max_concurrency: int = option(0, "--max-concurrency", "open loop cap (0 = none)")
+    # Neither bound given: 10 s (`config.config_from_args`).
+    duration_s: float = shared.duration(0.0, "seconds of issuing requests")
+    requests: int = option(0, "--requests", "requests to send (per round)")
+    warmup: int = option(0, "--warmup", "discarded requests first")
+    ramp: float = option(0.0, "--ramp", "closed loop: streams started/s (0 = all at once)")
+    drain_timeout_s: float = option(
+        60.0, "--drain-timeout", "seconds requests in flight may finish once a bound is reached"
+    )
+    seed: int = 0  # the workload's (--seed)
 
     def share(self, i: int, n: int) -> LoadConfig:
         """Process `i` of `n`'s part of this load (fan-out)."""

@@ -67,8 +67,8 @@ def _parallel(fns: list[Any]) -> list[Any]:
 
 
 def start_stack(cfg: BenchConfig, target: str) -> _Stack:
-    r = cfg.routing
-    args = [*worker_args(cfg), *r.worker_args]
+    r, o = cfg.routing, cfg.overhead
+    args = [*worker_args(cfg), *o.worker_args]
     workers: list[Proc] = []
     procs: list[Proc] = []
     try:
@@ -78,16 +78,16 @@ def start_stack(cfg: BenchConfig, target: str) -> _Stack:
         procs.extend(workers)
         if target == "router":
             edges = _parallel(
-                [lambda w=w: start_edge(w.address, [*r.edge_args], name="edge") for w in workers]
+                [lambda w=w: start_edge(w.address, [*o.edge_args], name="edge") for w in workers]
             )
             for i, e in enumerate(edges):
                 e.name = f"edge-{i}"
             procs.extend(edges)
-            extra = ["--policy", "cache_aware", *r.router_args]
+            extra = ["--policy", "cache_aware", *o.router_args]
             procs.append(start_vllm_router([e.url for e in edges], extra))
         else:
             policy = "session" if target == "session-key" else target
-            edge_args = ["--routing-policy", policy, *r.edge_args]
+            edge_args = ["--routing-policy", policy, *o.edge_args]
             env = {"SLUICE_ADMIN_KEY": ADMIN_KEY}
             procs.append(start_edge([w.address for w in workers], edge_args, env=env))
     except BaseException:

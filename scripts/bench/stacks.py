@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import shutil
@@ -28,6 +29,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from scripts.bench.openai_driver import get_json
+from sluice_common.options import option
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,14 +76,22 @@ class Proc:
 class EngineSettings:
     """Engine settings given identically to our vLLM worker and to vLLM's own server."""
 
-    max_model_len: int = 2048
-    max_num_seqs: int = 32
-    gpu_memory_utilization: float = 0.3
-    kv_cache_gb: float | None = None  # CPU: KV cache size (both: kv_cache_memory_bytes)
+    max_model_len: int = option(2048, "--max-model-len", "longest prompt + output, tokens")
+    max_num_seqs: int = option(32, "--max-num-seqs", "sequences in a batch at most")
+    gpu_memory_utilization: float = option(
+        0.3, "--gpu-memory-utilization", "share of GPU memory the engine may take"
+    )
+    # CPU: KV cache size (both: kv_cache_memory_bytes).
+    kv_cache_gb: float | None = option(None, "--kv-cache-gb", "CPU KV cache, GiB", type=float)
     dtype: str = "auto"
     # None: eager without an NVIDIA GPU (the worker's own default there; vLLM's server
     # would compile), compiled with one. Always passed explicitly to both stacks.
-    enforce_eager: bool | None = None
+    enforce_eager: bool | None = option(
+        None,
+        "--enforce-eager",
+        "eager mode (default: eager without an NVIDIA GPU)",
+        action=argparse.BooleanOptionalAction,
+    )
     served_name: str = ""
 
     @property

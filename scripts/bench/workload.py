@@ -14,6 +14,9 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from scripts import options as shared
+from sluice_common.options import option
+
 if TYPE_CHECKING:
     from scripts.bench.record import RequestRecord
 
@@ -34,22 +37,38 @@ WORDS: tuple[str, ...] = tuple(
 
 @dataclass(frozen=True, slots=True)
 class WorkloadConfig:
-    """Request shape: prompt and output lengths (tokens), sampling."""
+    """Request shape: prompt and output lengths (tokens), sampling (the `workload` options)."""
 
-    prompt_tokens: int = 64
-    prompt_spread: float = 0.0  # fraction: lengths uniform in mean*(1-s) .. mean*(1+s)
-    output_tokens: int = 128
-    output_spread: float = 0.0
-    ignore_eos: bool = True  # always generate max_tokens, whatever the model says
-    temperature: float = 0.0
-    api: str = "chat"  # "chat" (messages) or "completions" (raw prompt)
-    seed: int = 0
-    kind: str = "single"  # "single" (independent prompts) or "multiturn" (conversations)
-    users: int = 128  # multiturn: conversations open at once
-    turns: int = 8  # multiturn: turns per conversation
-    system_prompts: int = 4  # multiturn: distinct shared system prompts
-    system_tokens: int = 256  # multiturn: words in each system prompt
-    session_user: bool = False  # multiturn: send the conversation as the OpenAI `user`
+    # Lengths uniform in mean * (1 - spread) .. mean * (1 + spread).
+    prompt_tokens: int = option(64, "--prompt-tokens", "mean prompt length, tokens")
+    prompt_spread: float = option(0.0, "--prompt-spread", "fraction, uniform +-")
+    output_tokens: int = option(128, "--output-tokens", "max_tokens")
+    output_spread: float = option(0.0, "--output-spread", "fraction, uniform +-")
+    # On: always generate max_tokens, whatever the model says.
+    ignore_eos: bool = option(
+        True, "--no-ignore-eos", "let the model stop early", action="store_false"
+    )
+    temperature: float = option(0.0, "--temperature", "sampling temperature")
+    api: str = option(
+        "chat", "--api", "messages (chat) or a raw prompt", choices=("chat", "completions")
+    )
+    seed: int = shared.seed(0)
+    kind: str = option(
+        "single",
+        "--workload",
+        "independent prompts, or conversations (conversations.py)",
+        choices=("single", "multiturn"),
+    )
+    users: int = option(128, "--users", "multiturn: conversations open")
+    turns: int = option(8, "--turns", "multiturn: turns per conversation")
+    system_prompts: int = option(4, "--system-prompts", "multiturn: shared ones")
+    system_tokens: int = option(256, "--system-tokens", "multiturn: words in each")
+    session_user: bool = option(
+        False,
+        "--session-user",
+        "multiturn: the conversation as the OpenAI `user`",
+        action="store_true",
+    )
 
 
 @dataclass(frozen=True, slots=True)

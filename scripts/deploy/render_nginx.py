@@ -22,6 +22,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # run as a file (`python scripts/deploy/render_nginx.py`)
+
+from sluice_common.options import add_section, option, section_from  # noqa: E402
+
 TEMPLATE = Path(__file__).with_name("nginx.conf.template")
 _FIELD = re.compile(r"\{\{ (\w+) \}\}")
 # host:port, [v6]:port or a bare port; nothing that could end a directive or a block.
@@ -32,32 +37,54 @@ HTTP2_ON_SINCE = (1, 25, 1)
 
 @dataclass(slots=True)
 class NginxParams:
-    """What differs between deployments; the template holds everything else."""
+    """What differs between deployments; the template holds everything else. The flagged
+    fields are the command line's (`--prefix`, `--cert`, `--key`, `--edge`, `--worker`
+    required there)."""
 
-    prefix: Path
-    tls_cert: str  # PEM certificate (chain) clients see, on both listeners
-    tls_key: str
-    edges: list[str]  # edge replicas, host:port
-    workers: list[str]  # model workers, host:port (the gRPC listener's upstreams)
-    listen: str = "0.0.0.0:443"  # HTTPS (HTTP/2 and HTTP/1.1) for the edges
-    grpc_listen: str = "0.0.0.0:8443"  # gRPC over TLS for the workers
-    read_timeout_s: float = 600.0  # >= the edge's --request-timeout (see the template)
-    max_body: str = "5m"  # a little above the edge's --max-body-bytes (4 MiB)
+    prefix: Path = option(Path("."), "--prefix", "nginx -p directory", type=Path, required=True)
+    # PEM certificate (chain) clients see, on both listeners.
+    tls_cert: str = option("", "--cert", "PEM certificate chain for clients", required=True)
+    tls_key: str = option("", "--key", "PEM private key of --cert", required=True)
+    edges: list[str] = option(
+        [], "--edge", "edge host:port (repeat)", action="append", required=True
+    )
+    # Model workers: the gRPC listener's upstreams.
+    workers: list[str] = option(
+        [], "--worker", "worker host:port (repeat)", action="append", required=True
+    )
+    # HTTPS (HTTP/2 and HTTP/1.1) for the edges; gRPC over TLS for the workers.
+    listen: str = option("0.0.0.0:443", "--listen", "HTTPS listen address")
+    grpc_listen: str = option("0.0.0.0:8443", "--grpc-listen", "gRPC (TLS) listen address")
+    # >= the edge's --request-timeout (see the template).
+    read_timeout_s: float = option(600.0, "--read-timeout", "seconds")
+    # A little above the edge's --max-body-bytes (4 MiB).
+    max_body: str = option("5m", "--max-body", "client_max_body_size, e.g. 5m")
     # Request heads, as the edge bounds them (--header-timeout, --max-header-bytes):
     # large_client_header_buffers 4 x 8k = the edge's 32 KiB.
     header_timeout_s: float = 10.0
-    worker_processes: str = "auto"
+    worker_processes: str = option(
+        "auto", "--worker-processes", "nginx worker_processes (auto: one per core)"
+    )
     error_log_level: str = "warn"
-    user: str = ""  # `user` directive; only meaningful when nginx starts as root
+    # The `user` directive: only meaningful when nginx starts as root.
+    user: str = option("", "--user", "user directive (when started as root)")
     # gRPC to workers that run TLS: verify them with this CA (and present a client
     # certificate when they require mTLS). Empty: plaintext gRPC inside the cluster.
-    worker_tls_ca: str = ""
-    worker_client_cert: str = ""
-    worker_client_key: str = ""
-    worker_tls_name: str = "sluice-worker"  # a DNS name in the workers' certificates
+    worker_tls_ca: str = option("", "--worker-tls-ca", "CA of the workers' TLS certificates")
+    worker_client_cert: str = option("", "--worker-client-cert", "client cert for worker mTLS")
+    worker_client_key: str = option("", "--worker-client-key", "key of --worker-client-cert")
+    # A DNS name in the workers' certificates.
+    worker_tls_name: str = option("sluice-worker", "--worker-tls-name", "name in worker certs")
     nginx_version: tuple[int, ...] | None = None  # None: ask `nginx -v`
     edge_server_options: str = "max_fails=1 fail_timeout=5s"
     extra: dict[str, str] = field(default_factory=dict)  # overrides of rendered fields
+
+
+@dataclass(frozen=True, slots=True)
+class Actions:
+    """What the command line does besides rendering."""
+
+    check: bool = option(False, "--check", "run `nginx -t` on the result", action="store_true")
 
 
 def nginx_binary() -> str | None:
@@ -163,49 +190,19 @@ def write(p: NginxParams) -> Path:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    d = NginxParams(prefix=Path("."), tls_cert="", tls_key="", edges=[], workers=[])
     ap = argparse.ArgumentParser(description="Render Sluice's nginx.conf.")
-    ap.add_argument("--prefix", required=True, type=Path, help="nginx -p directory")
-    ap.add_argument("--cert", required=True, help="PEM certificate chain for clients")
-    ap.add_argument("--key", required=True, help="PEM private key of --cert")
-    ap.add_argument("--edge", action="append", required=True, help="edge host:port (repeat)")
-    ap.add_argument("--worker", action="append", required=True, help="worker host:port (repeat)")
-    ap.add_argument("--listen", default=d.listen, help="HTTPS listen address")
-    ap.add_argument("--grpc-listen", default=d.grpc_listen, help="gRPC (TLS) listen address")
-    ap.add_argument("--read-timeout", type=float, default=d.read_timeout_s, help="seconds")
-    ap.add_argument("--max-body", default=d.max_body, help="client_max_body_size, e.g. 5m")
-    ap.add_argument("--worker-processes", default=d.worker_processes)
-    ap.add_argument("--user", default="", help="user directive (when started as root)")
-    ap.add_argument("--worker-tls-ca", default="", help="CA of the workers' TLS certificates")
-    ap.add_argument("--worker-tls-name", default=d.worker_tls_name, help="name in worker certs")
-    ap.add_argument("--worker-client-cert", default="", help="client cert for worker mTLS")
-    ap.add_argument("--worker-client-key", default="", help="key of --worker-client-cert")
-    ap.add_argument("--check", action="store_true", help="run `nginx -t` on the result")
+    add_section(ap, "nginx", NginxParams)
+    add_section(ap, "actions", Actions)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
-    params = NginxParams(
-        prefix=a.prefix.resolve(),
-        tls_cert=a.cert,
-        tls_key=a.key,
-        edges=a.edge,
-        workers=a.worker,
-        listen=a.listen,
-        grpc_listen=a.grpc_listen,
-        read_timeout_s=a.read_timeout,
-        max_body=a.max_body,
-        worker_processes=a.worker_processes,
-        user=a.user,
-        worker_tls_ca=a.worker_tls_ca,
-        worker_client_cert=a.worker_client_cert,
-        worker_client_key=a.worker_client_key,
-        worker_tls_name=a.worker_tls_name,
-    )
+    params = section_from(a, "nginx", NginxParams)
+    params.prefix = params.prefix.resolve()
     conf = write(params)
     print(conf)
-    if a.check:
+    if section_from(a, "actions", Actions).check:
         binary = nginx_binary()
         if binary is None:
             print("nginx is not installed", file=sys.stderr)
