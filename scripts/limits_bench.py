@@ -49,7 +49,7 @@ class Options:
     seconds: float = option(6.0, "--seconds", "seconds per drive (one edge, one round)")
     rounds: int = shared.rounds(3, "rounds, each edge in turn (medians reported)")
     concurrency: int = shared.concurrency(8, "clients, each sending back to back")
-    out: Path = shared.results_dir()  # noqa: RUF009 (a field, as option())
+    out: Path = shared.results_dir()
 
 
 def cpu_s(pid: int) -> float:

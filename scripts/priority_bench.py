@@ -72,7 +72,7 @@ class Options:
     duration: float = shared.duration(20.0, "measured s per phase")
     warmup: float = shared.warmup_s(4.0)
     seed: int = shared.seed(7)
-    out: Path = shared.results_dir()  # noqa: RUF009 (a field, as option())
+    out: Path = shared.results_dir()
 
     @property
     def capacity(self) -> float:

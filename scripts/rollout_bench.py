@@ -62,7 +62,7 @@ class Options:
     tokens: int = shared.tokens(16, "max_tokens per turn")
     warmup: float = shared.warmup_s(2.0, "s of load before the plan")
     limit: float = option(120.0, "--limit", "s before the plan is aborted")
-    out: Path = shared.results_dir()  # noqa: RUF009 (a field, as option())
+    out: Path = shared.results_dir()
 
 
 @dataclass

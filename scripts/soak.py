@@ -53,7 +53,7 @@ class Options:
     minutes: float = option(30.0, "--minutes", "how long the traffic runs")
     clients: int = option(8, "--clients", "client loops, each one request at a time")
     sample_s: float = option(60.0, "--sample-s", "seconds per sample")
-    out: Path = shared.results_dir()  # noqa: RUF009 (a field, as option())
+    out: Path = shared.results_dir()
 
 
 @dataclass

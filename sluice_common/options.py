@@ -52,6 +52,9 @@ def add_section(
         if meta.get("action") == "append":
             default = []
         flags = flag if isinstance(flag, tuple) else (flag,)
+        if meta.get("action") not in ("store_true", "store_false", "count", "version"):
+            if not isinstance(meta.get("action"), type) and "choices" not in meta:
+                meta.setdefault("metavar", flags[0].lstrip("-").upper().replace("-", "_"))
         parser.add_argument(*flags, dest=f"{name}.{f.name}", default=default, help=help_, **meta)
 
 

@@ -148,7 +148,7 @@ class CompareConfig:
 
 @dataclass(frozen=True, slots=True)
 class OutputConfig:
-    out_dir: Path = shared.results_dir()  # noqa: RUF009 (a field, as option())
+    out_dir: Path = shared.results_dir()
     name: str = option("", "--name", "result file name (default: mode-time)")
     plot: bool = option(True, "--no-plot", "no PNG plot", action="store_false")
     progress: bool = option(True, "--no-progress", "no live progress line", action="store_false")
