@@ -11,7 +11,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from model_service.config import build_parser, config_from_args
-from model_service.logs import setup_logging
+from model_service.obs.logs import setup_logging
 from model_service.server import serve
 
 

@@ -16,17 +16,17 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from generated import sluice_pb2 as pb
-from model_service import convert, tools, tracing
-from model_service.admission import Admission
 from model_service.config import WorkerConfig
-from model_service.engines.base import Engine
+from model_service.engines.base import CallParser, Engine
 from model_service.errors import NotFound, OutOfRange, SluiceError, Unavailable
-from model_service.generation import Generation, Runtime
-from model_service.metrics import WorkerMetrics
-from model_service.replay import ReplayStore
-from model_service.tools import CallParser
+from model_service.generation.run import Generation, Runtime
+from model_service.generation.store import ReplayStore
+from model_service.intake import decode, tools
+from model_service.intake.admission import Admission
+from model_service.intake.validation import resolve_max_tokens, validate_request
+from model_service.obs import tracing
+from model_service.obs.metrics import WorkerMetrics
 from model_service.types import GenerationRequest, WorkerFigures
-from model_service.validation import resolve_max_tokens, validate_request
 
 log = logging.getLogger("sluice.worker")
 
@@ -61,7 +61,7 @@ class WorkerCore:
     ) -> Generation:
         """Decode, validate, admit and tokenize a start message. Raises SluiceError."""
         arrived = time.monotonic()
-        req = convert.request_from_pb(start)
+        req = decode.request_from_pb(start)
         if not self.ready or self.draining:
             raise Unavailable("worker is draining" if self.draining else "engine is not ready yet")
         model = self.engine.model_info

@@ -21,13 +21,14 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from model_service import reflection, tracing
 from model_service.config import ServerConfig, WorkerConfig
 from model_service.core import WorkerCore
 from model_service.engines import load_engine
 from model_service.errors import Unavailable
-from model_service.metrics import WorkerMetrics
-from model_service.servicer import GenerationServicer, add_to_server
+from model_service.obs import tracing
+from model_service.obs.metrics import WorkerMetrics
+from model_service.rpc import reflection
+from model_service.rpc.servicer import GenerationServicer, add_to_server
 from sluice_common.contract import SERVICE_NAME
 
 log = logging.getLogger("sluice.worker")

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, cast
 from model_service.config import EngineConfig
 from model_service.engines import chat_template
 from model_service.engines.base import Engine
-from model_service.engines.vllm_stats import StatsCollector
+from model_service.engines.vllm.stats import StatsCollector
 from model_service.errors import EngineDead, EngineError, InvalidArgument, Overloaded, Unavailable
 from model_service.types import (
     ChatMessage,
@@ -74,10 +74,10 @@ class VllmEngine(Engine):
         self._tokenize_pool = ThreadPoolExecutor(1, thread_name_prefix="sluice-tokenize")
 
     async def start(self) -> None:
-        from model_service.engines.vllm_args import build_engine_args, describe
+        from model_service.engines.vllm.args import build_engine_args, describe
 
         if self.config.vllm.tool_call_parser:  # a wrong name fails the start, not a request
-            from model_service.engines.vllm_tools import parser_class
+            from model_service.engines.vllm.tools import parser_class
 
             parser_class(self.config.vllm.tool_call_parser)
         args = build_engine_args(self.config)
@@ -236,7 +236,7 @@ class VllmEngine(Engine):
         name = self.config.vllm.tool_call_parser
         if not name or self._tokenizer is None:
             return None
-        from model_service.engines.vllm_tools import VllmCallParser
+        from model_service.engines.vllm.tools import VllmCallParser
 
         return VllmCallParser(name, self._tokenizer, request, ids)
 
@@ -291,7 +291,7 @@ class VllmEngine(Engine):
 
 async def _start_llm(args: Any, collector: StatsCollector, config: EngineConfig) -> AsyncLLM:
     """Build the AsyncLLM; a RuntimeError naming the refused option when vLLM will not start."""
-    from model_service.engines.vllm_args import start_error
+    from model_service.engines.vllm.args import start_error
 
     try:
         from vllm.v1.engine.async_llm import AsyncLLM

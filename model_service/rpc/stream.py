@@ -25,13 +25,14 @@ from collections import deque
 import grpc
 
 from generated import sluice_pb2 as pb
-from model_service import convert, tracing
-from model_service.admission import DISPLACED
 from model_service.core import WorkerCore
 from model_service.errors import EngineError, FailedPrecondition, InvalidArgument, SluiceError
-from model_service.generation import CLIENT_CANCEL, Generation
-from model_service.logs import trace_id
-from model_service.status import abort_with
+from model_service.generation import messages
+from model_service.generation.run import CLIENT_CANCEL, Generation
+from model_service.intake.admission import DISPLACED
+from model_service.obs import tracing
+from model_service.obs.logs import trace_id
+from model_service.rpc.status import abort_with
 from model_service.types import FinishReason
 from sluice_common.contract import ACCEPTED_KEY
 
@@ -249,7 +250,7 @@ class _Multiplexed:
         try:
             gen = await self.stream.prepare(start, full=full)
         except SluiceError as err:
-            final = convert.final_to_pb(
+            final = messages.final_to_pb(
                 start.request_id, 0, FinishReason.ERROR, NO_USAGE, NO_USAGE, error=err
             )
             self.outbox.append(final.SerializeToString())

@@ -23,7 +23,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool
 from grpc_reflection.v1alpha import reflection
 from grpc_reflection.v1alpha import reflection_pb2 as v1alpha
 
-DOCUMENTED = Path(__file__).resolve().parents[1] / "generated" / "contract.binpb"
+DOCUMENTED = Path(__file__).resolve().parents[2] / "generated" / "contract.binpb"
 
 V1ALPHA_SERVICE_NAME = reflection.SERVICE_NAME
 V1_PACKAGE = "grpc.reflection.v1"

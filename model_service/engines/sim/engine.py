@@ -42,8 +42,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from model_service.engines.base import Engine
-from model_service.engines.sim_cache import PrefixCache
-from model_service.engines.sim_json import pieces, structured_text
+from model_service.engines.sim.cache import PrefixCache
+from model_service.engines.sim.structured import pieces, structured_text
 from model_service.errors import EngineError
 from model_service.types import (
     EngineOutput,

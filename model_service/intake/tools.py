@@ -18,27 +18,13 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
+from model_service.engines.base import CallParser, Delta, ParserFactory
 from model_service.errors import InvalidArgument
 from model_service.types import GenerationRequest, StructuredOutput, Tool, ToolCallDelta
 
-Delta = tuple[str, list[ToolCallDelta]]  # (content, tool call deltas)
 _EMPTY_OBJECT: dict[str, Any] = {"type": "object", "properties": {}}
-
-
-class CallParser(Protocol):
-    """Finds tool calls in one choice's output as it streams."""
-
-    called: bool  # whether any call was found
-
-    def feed(self, text: str, token_ids: list[int]) -> Delta: ...
-
-    def end(self) -> Delta:
-        """What is left once the choice ended (a call completed by the last token)."""
-
-
-ParserFactory = Callable[[GenerationRequest, Callable[[int], str]], CallParser | None]
 
 
 def call_id(seed: str, index: int) -> str:

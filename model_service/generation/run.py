@@ -24,11 +24,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from generated import sluice_pb2 as pb
-from model_service import convert
-from model_service.admission import Ticket
-from model_service.engines.base import Engine
+from model_service.engines.base import CallParser, Engine
 from model_service.errors import DeadlineExceeded, EngineDead, EngineError, SluiceError
-from model_service.tools import CallParser
+from model_service.generation import messages
+from model_service.intake.admission import Ticket
 from model_service.types import EngineOutput, FinishReason, GenerationRequest, ToolCallDelta
 
 log = logging.getLogger("sluice.worker")
@@ -261,7 +260,7 @@ class Generation:
                 self._tail_text.append(out.text)
                 tail.chunk.token_ids.extend(out.token_ids)  # type: ignore[union-attr]
                 return
-        self._append(convert.chunk_to_pb(self.request_id, len(log), out))
+        self._append(messages.chunk_to_pb(self.request_id, len(log), out))
 
     def _append_choice(
         self,
@@ -283,7 +282,7 @@ class Generation:
                     if self.request.stream_usage:
                         chunk.usage.completion_tokens = self._completion_tokens
                     return
-        msg = convert.chunk_to_pb(self.request_id, len(log), out, choice, calls)
+        msg = messages.chunk_to_pb(self.request_id, len(log), out, choice, calls)
         if end is not None:
             msg.chunk.choice_end.CopyFrom(end)
         if self.request.stream_usage:
@@ -331,7 +330,7 @@ class Generation:
         choices = None
         if len(self._ends) > 1 and reason not in (FinishReason.ERROR, FinishReason.CANCELLED):
             choices = [end for end in self._ends if end is not None]
-        msg = convert.final_to_pb(
+        msg = messages.final_to_pb(
             self.request_id,
             self.index,
             reason,
@@ -453,7 +452,7 @@ class Generation:
                     if reason is FinishReason.STOP and parser is not None and parser.called:
                         reason = FinishReason.TOOL_CALLS
                     if len(tokens) > 1:
-                        end = self._ends[c] = convert.choice_end_to_pb(
+                        end = self._ends[c] = messages.choice_end_to_pb(
                             reason, out.stop_sequence, tokens[c]
                         )
                 if out.text or out.token_ids or calls or end is not None:

@@ -21,8 +21,8 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 
 from generated import sluice_pb2 as pb
-from model_service import convert
 from model_service.core import WorkerCore
+from model_service.rpc import replies
 from model_service.types import EngineStats, LoadFigures
 
 DEFAULT_MIN_S = 0.05
@@ -96,7 +96,7 @@ class LoadReporter:
             key = figures.key()
             now = self._clock()
             if key != last_key or now - last_sent >= max_s - 1e-9:
-                yield convert.load_to_pb(figures, seq)
+                yield replies.load_to_pb(figures, seq)
                 seq += 1
                 last_key, last_sent = key, now
             await asyncio.sleep(min_s)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from model_service.tools import Delta
+from model_service.engines.base import Delta
 from model_service.types import GenerationRequest, ToolCallDelta
 
 
