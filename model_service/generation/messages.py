@@ -50,6 +50,19 @@ def chunk_to_pb(
     return msg
 
 
+def with_end_and_usage(
+    msg: pb.GenerateResponse, end: pb.ChoiceEnd | None, usage: tuple[int, int, int] | None
+) -> pb.GenerateResponse:
+    """A chunk message with its choice's end and the usage so far (prompt, completion,
+    cached), where given."""
+    if end is not None:
+        msg.chunk.choice_end.CopyFrom(end)
+    if usage is not None:
+        u = msg.chunk.usage
+        u.prompt_tokens, u.completion_tokens, u.cached_prompt_tokens = usage
+    return msg
+
+
 def status_to_pb(err: SluiceError) -> pb.Status:
     return pb.Status(
         code=err.code.value[0],

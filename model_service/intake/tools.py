@@ -22,7 +22,13 @@ from typing import Any
 
 from model_service.engines.base import CallParser, Delta, ParserFactory
 from model_service.errors import InvalidArgument
-from model_service.types import GenerationRequest, StructuredOutput, Tool, ToolCallDelta
+from model_service.types import (
+    EngineOutput,
+    GenerationRequest,
+    StructuredOutput,
+    Tool,
+    ToolCallDelta,
+)
 
 _EMPTY_OBJECT: dict[str, Any] = {"type": "object", "properties": {}}
 
@@ -120,6 +126,17 @@ class RequiredCalls:
 
     def end(self) -> Delta:
         return "", []
+
+
+def feed(parser: CallParser, out: EngineOutput) -> list[ToolCallDelta]:
+    """One engine output of a choice through its parser: `out.text` keeps the content, the
+    calls found are returned (what the parser held back, too, once the choice ended)."""
+    out.text, calls = parser.feed(out.text, out.token_ids)
+    if out.finish_reason is not None:
+        rest, more = parser.end()
+        out.text += rest
+        calls += more
+    return calls
 
 
 def make_parser(

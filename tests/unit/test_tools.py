@@ -9,7 +9,7 @@ import random
 import jsonschema
 import pytest
 
-from model_service.engines.sim.engine import VOCAB
+from model_service.engines.sim.text import VOCAB
 from model_service.engines.sim.structured import pieces, structured_text
 from model_service.errors import InvalidArgument
 from model_service.intake.tools import NamedCall, RequiredCalls, forced_structure, make_parser
