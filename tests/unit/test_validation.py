@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from model_service.config import Limits
+from model_service.config import LimitsConfig as Limits
 from model_service.errors import InvalidArgument, NotFound
 from model_service.intake.validation import resolve_max_tokens, validate_request
 from model_service.types import ChatMessage, GenerationRequest, ModelInfo, SamplingParams
