@@ -1,9 +1,6 @@
-"""What all streams of one worker share: engine, admission, limits, live generations,
-the replay store, the draining flag, and resume/detach counters.
-
-The core owns its generations (it is their `Hooks`) and records their outcomes in the
-metrics; neither generations nor metrics know the core (the bootstrap wires them).
-"""
+"""What all streams of one worker share: engine, admission, live generations, the replay
+store, counters. The core owns its generations (it is their `Hooks`) and records their
+outcomes; neither generations nor metrics know it (the bootstrap wires them)."""
 
 from __future__ import annotations
 

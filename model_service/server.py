@@ -1,14 +1,6 @@
-"""Worker bootstrap: wires engine, metrics, core, servicer, health and reflection; shuts
-down in order.
-
-Shutdown order (SIGTERM or SIGINT):
-1. mark NOT_SERVING (Watch streams tell routers at once) and refuse new generations
-   with UNAVAILABLE;
-2. let in-flight generations finish within the drain grace period;
-3. end the rest with UNAVAILABLE;
-4. stop the gRPC server (short grace for the last messages to flush);
-5. stop the engine.
-"""
+"""Worker bootstrap: wires engine, metrics, core, servicer, health and reflection, and
+shuts down in the written order (ARCHITECTURE.md): NOT_SERVING, drain, UNAVAILABLE for the
+rest, the gRPC server, then the engine."""
 
 from __future__ import annotations
 

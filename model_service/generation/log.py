@@ -1,9 +1,6 @@
-"""A generation's replay log: its messages by index, each serialized exactly once.
-
-The newest entry stays a message while no consumer has taken it, so tokens that are ready
-together merge into it; it is serialized when a consumer takes it or the next entry comes.
-Consumers send those bytes as they are, the first time and on every replay.
-"""
+"""A generation's replay log: its messages by index, each serialized exactly once. The
+newest entry stays a message while nobody has taken it, so tokens ready together merge
+into it; consumers send the bytes as they are, the first time and on every replay."""
 
 from __future__ import annotations
 

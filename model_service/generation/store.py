@@ -1,9 +1,6 @@
-"""Which generations can still be resumed, under a memory cap.
-
-A running generation is never evicted; an ended one stays for `retention_s`, the ones that
-ended first dropped first while the logs are over `max_bytes`. While running logs alone are
-over the cap, new generations are refused (`admit`), so the cap bounds them too.
-"""
+"""Which generations can still be resumed, under a memory cap: running ones always; ended
+ones for `retention_s`, those that ended first dropped first while over `max_bytes`. While
+running logs alone are over the cap, new generations are refused (`admit`)."""
 
 from __future__ import annotations
 

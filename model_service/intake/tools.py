@@ -1,17 +1,6 @@
-"""Tool calling in the worker, engine-independent: what a tool choice makes the engine
-enforce, and how tool calls are found in the output as it streams.
-
-- `none`: the tools are shown to the model (chat template), the output stays text.
-- `required` / a named function: the engine samples under a JSON schema (the calls'
-  shape, as vLLM's server does), so it works on any model; the output is then parsed as
-  that JSON: an array of `{"name", "parameters"}` objects, or the named function's
-  arguments object itself.
-- `auto`: the model writes calls in its own format; a parser for that format comes from
-  the engine (vLLM's tool parsers, `--tool-call-parser`), or auto is refused.
-
-A `CallParser` takes the text of one choice as it comes and returns what is plain
-content and what is tool calls (`ToolCallDelta`: id and name first, then arguments).
-"""
+"""Tool calling, engine-independent: the JSON schema a required or named tool choice
+samples under, and the parsers that turn a choice's output into tool-call deltas
+(`auto`: the engine's parser, or refused)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
 """The `sluice.v1.Generation` servicer: a translator between protobuf and the worker core.
-
-`Generate` and `Resume` use grpc's reader/writer API and send bytes: each message is
-serialized once, by its generation, into the replay log, and every consumer (the first
-stream, each replay) writes those bytes as they are. `add_to_server` registers them
-without a response serializer; the other RPCs are registered as the generated code does.
-"""
+`Generate` and `Resume` write the bytes their generation's log holds, so `add_to_server`
+registers them without a response serializer."""
 
 from __future__ import annotations
 

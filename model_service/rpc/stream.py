@@ -1,20 +1,6 @@
 """The consumers of generations' logs: the `Generate` RPC (simple or multiplexed) and
-`Resume` write the logs' entries, serialized once by the generation, as they are.
-
-Generations run in their own tasks (see `generation.py`). An RPC's own coroutine is its
-only writer, and no generator sits between a log and the wire:
-
-- simple mode and `Resume` (`send_log`): the coroutine takes the generation's entries and
-  writes them; tokens produced while a write is in flight merge into one message. A
-  reader task watches the request stream meanwhile (`cancel`, mistakes), because a
-  consumer must notice a `cancel` while it waits on the engine.
-- multiplexed mode (`_Multiplexed`): a reader task starts generations; the coroutine
-  writes, in turn, what each of its generations has ready (they tell it through a
-  listener), so writes never interleave, with no task or queue per generation.
-
-When the RPC ends early, its generations detach (they may be resumed, or they abort after
-their grace).
-"""
+`Resume` (`send_log`). The RPC's own coroutine is its only writer, writing the log's bytes
+with no queue or generator in between; a reader task watches the request stream."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """The simulated engine: continuous batching without a model (tests, overhead benchmarks).
-
-Batch slots, a waiting queue (by class, then FIFO), a KV budget reserved at scheduling, a
-prefix cache, and decoding in steps: one timer gives every decoding sequence its next token,
-so the worker sees a batch's tokens arrive together, as from vLLM. Output is deterministic
-for a prompt and seed.
-"""
+Batch slots, a waiting queue by class, a KV budget, a prefix cache, and decoding in steps:
+one timer gives every decoding sequence its next token, so a batch's tokens arrive
+together, as from vLLM. Output is deterministic for a prompt and seed."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Faults injected into the sim at runtime (`--sim-fault-file`): a JSON object re-read when
-the file changes, so a test turns a healthy worker bad mid-run and back.
-
-`error_rate` (0..1) fails that share of new generations, spread evenly; `error_after_tokens`
-is how many tokens a failing one sends first; `ttft_s` adds to every prefill. A missing or
-empty file means no faults.
-"""
+"""Faults injected into the sim at runtime (`--sim-fault-file`), so a test turns a healthy
+worker bad mid-run and back: a JSON object (`error_rate`, `error_after_tokens`, `ttft_s`)
+re-read when the file changes; a missing or empty file means none."""
 
 from __future__ import annotations
 

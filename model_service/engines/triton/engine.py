@@ -1,9 +1,6 @@
-"""An existing Triton Inference Server as the engine, over its gRPC API (tritonclient's
-asyncio client), speaking the vLLM backend's model interface (`interface.py`).
-
-One `ModelStreamInfer` call per generation: cancelling the call is how a generation stops
-in Triton. Readiness is polled into the worker's health (`watch_ready`).
-"""
+"""An existing Triton Inference Server as the engine, over tritonclient's asyncio gRPC
+client and the vLLM backend's model interface (`interface.py`). One `ModelStreamInfer`
+call per generation: cancelling it is how a generation stops in Triton."""
 
 from __future__ import annotations
 

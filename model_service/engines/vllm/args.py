@@ -1,4 +1,5 @@
-"""Worker config -> vLLM `AsyncEngineArgs`, and vLLM start failures -> a clear RuntimeError."""
+"""Worker config -> vLLM `AsyncEngineArgs`, and vLLM start failures -> a RuntimeError
+naming the flag."""
 
 from __future__ import annotations
 

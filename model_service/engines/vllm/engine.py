@@ -1,19 +1,6 @@
-"""The real engine: vLLM's v1 `AsyncLLM` serving one Hugging Face model directory.
-
-vLLM is imported lazily, inside this module only, so that importing the engine registry
-(or running the simulated engine) never loads vLLM or torch. `AsyncLLM` runs its engine
-core in a spawned process: the program's entry point needs an `if __name__ == "__main__":`
-guard (model_service/__main__.py has one).
-
-Mapping to the engine interface:
-- `tokenize()` applies the model's chat template (the worker owns it) and returns ids;
-  `generate()` passes them on as a rendered token input, so nothing is tokenized twice.
-- Outputs stream as deltas (`RequestOutputKind.DELTA`): text, token ids, logprobs.
-- vLLM's finish reasons map to ours: stop/repetition -> STOP, length -> LENGTH,
-  abort -> CANCELLED; "error" raises EngineError.
-- Cancelling or closing `generate()` closes vLLM's generator, which aborts the request.
-- Parameters vLLM refuses raise `errors.InvalidArgument` naming the field.
-"""
+"""The real engine: vLLM's v1 `AsyncLLM` serving one Hugging Face model directory. vLLM is
+imported lazily, here only; its engine core runs in a spawned process, so the entry point
+needs an `if __name__ == "__main__":` guard (`model_service/__main__.py`)."""
 
 from __future__ import annotations
 
