@@ -4,8 +4,6 @@ into it; consumers send the bytes as they are, the first time and on every repla
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 from generated import sluice_pb2 as pb
 from model_service.generation.runtime import Ledger
 
@@ -15,54 +13,43 @@ ENTRY_OVERHEAD_BYTES = 41
 Entry = pb.GenerateResponse | bytes
 
 
-class ReplayLog:
+class ReplayLog(list[Entry]):
     """Entries as bytes, but the newest while nothing has taken it: protobuf objects cost
-    ~10x their wire size in memory."""
+    ~10x their wire size in memory. Read as a list (`len`, `[i]` at C speed: consumers ask
+    for them per message); only the methods below add to it."""
 
-    __slots__ = ("_entries", "_ledger", "_tail_text", "bytes")
+    __slots__ = ("_ledger", "_tail_text", "bytes")
 
     def __init__(self, ledger: Ledger) -> None:
-        self._entries: list[Entry] = []
+        super().__init__()
         self._tail_text: list[str] = []  # text merged into the newest entry, not yet in it
         self._ledger = ledger  # told of every serialized entry's size, as `bytes` is
         self.bytes = 0  # of the serialized entries (what the replay cap counts)
 
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __getitem__(self, i: int) -> Entry:
-        return self._entries[i]
-
-    def __iter__(self) -> Iterator[Entry]:
-        return iter(self._entries)
-
     def take(self, i: int) -> bytes:
         """Entry `i` serialized; from now on nothing merges into it."""
-        entry = self._entries[i]
+        entry = self[i]
         if type(entry) is bytes:
             return entry
         return self._freeze(i)
 
-    def append(self, msg: pb.GenerateResponse) -> None:
+    def add(self, msg: pb.GenerateResponse) -> None:
         """`msg` as the newest entry; the one before it is serialized (nothing merges into
         it any more)."""
-        entries = self._entries
-        if entries and type(entries[-1]) is not bytes:
-            self._freeze(len(entries) - 1)
-        entries.append(msg)
+        if self and type(self[-1]) is not bytes:
+            self._freeze(len(self) - 1)
+        self.append(msg)
 
     def close(self) -> None:
         """Serialize the newest entry: the log is complete (a final never grows)."""
-        entries = self._entries
-        if entries and type(entries[-1]) is not bytes:
-            self._freeze(len(entries) - 1)
+        if self and type(self[-1]) is not bytes:
+            self._freeze(len(self) - 1)
 
     def merge(self, text: str, token_ids: list[int]) -> bool:
         """Add a token delta to the newest entry if it is a chunk nobody has taken yet;
         False: the caller appends a new chunk."""
-        entries = self._entries
-        if entries:
-            tail = entries[-1]
+        if self:
+            tail = self[-1]
             if type(tail) is not bytes and tail.HasField("chunk"):  # type: ignore[union-attr]
                 # Joined once, when the entry is frozen: `chunk.text += part` copies the
                 # whole text each time, quadratic for a client that stopped reading.
@@ -74,9 +61,8 @@ class ReplayLog:
     def merge_choice(self, text: str, token_ids: list[int], choice: int) -> pb.TokenChunk | None:
         """`merge` for a chunk of `choice` without tool calls; returns the chunk merged into
         (None: the caller appends a new one)."""
-        entries = self._entries
-        if entries:
-            tail = entries[-1]
+        if self:
+            tail = self[-1]
             if type(tail) is not bytes and tail.HasField("chunk"):  # type: ignore[union-attr]
                 chunk: pb.TokenChunk = tail.chunk  # type: ignore[union-attr]
                 if chunk.choice == choice and not chunk.tool_calls:
@@ -86,12 +72,12 @@ class ReplayLog:
         return None
 
     def _freeze(self, i: int) -> bytes:
-        entry = self._entries[i]
+        entry = self[i]
         if self._tail_text:  # only the newest entry is ever unfrozen, so this is it
             entry.chunk.text += "".join(self._tail_text)  # type: ignore[union-attr]
             self._tail_text = []
         raw: bytes = entry.SerializeToString()  # type: ignore[union-attr]
-        self._entries[i] = raw
+        self[i] = raw
         size = len(raw) + ENTRY_OVERHEAD_BYTES
         self.bytes += size
         self._ledger.live_bytes += size

@@ -186,7 +186,7 @@ class Generation:
     def _append(self, msg: pb.GenerateResponse) -> None:
         if self.stamp:
             msg.worker_time_ns = time.time_ns()
-        self.log.append(msg)
+        self.log.add(msg)
         self._wake()
 
     def _append_tokens(self, out: EngineOutput) -> None:

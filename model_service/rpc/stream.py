@@ -34,13 +34,13 @@ async def send_log(gen: Generation, i: int, context: grpc.aio.ServicerContext) -
     """Write `gen`'s log from index `i` on, live until its final message, for a consumer
     of one generation (attached by the caller). A failed generation raises its error,
     which becomes the RPC's status, instead of sending the in-band final."""
-    write = context.write
+    write, take = context.write, gen.log.take
     while True:
         n = gen.index
         while i < n:
             if i == n - 1 and gen.ended and gen.error is not None:
                 raise gen.error
-            await write(gen.take(i))
+            await write(take(i))
             i += 1
             n = gen.index
         if gen.ended:
@@ -187,7 +187,7 @@ class _Multiplexed:
                 del self.ready[gen]
                 i = self.cursors[gen]
                 while i < gen.index:
-                    raw = gen.take(i)
+                    raw = gen.log.take(i)
                     i += 1
                     self.cursors[gen] = i
                     await write(raw)
