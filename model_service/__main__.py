@@ -11,7 +11,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from model_service.config import build_parser, config_from_args
-from model_service.logs import setup_logging
+from model_service.obs.logs import setup_logging
 from model_service.server import serve
 
 
@@ -28,11 +28,10 @@ def run(main: Coroutine[Any, Any, None], loop: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    config = config_from_args(args)
-    setup_logging(args.log_level, args.log_format)
+    config = config_from_args(build_parser().parse_args(argv))
+    setup_logging(config.log_level, config.log_format)
     try:
-        run(serve(config, args.port_file), config.loop)
+        run(serve(config, config.server.port_file), config.loop)
     except KeyboardInterrupt:
         return 130
     except (RuntimeError, ValueError, OSError) as exc:

@@ -1,12 +1,10 @@
-"""A small async client for internal services: typed wrapper over the Generation stub.
+"""A small async client for internal services over the Generation stub; it imports only
+grpc and `generated/` (never an engine), so any service can depend on it.
 
     async with SluiceClient("127.0.0.1:50051") as client:
         gen = client.generate(messages=[("user", "Hi")], max_tokens=32, timeout=10)
         async for chunk in gen:
             print(chunk.text, end="")
-        print(gen.final.usage.completion_tokens)
-
-Imports only grpc and `generated/` (never an engine), so any service can depend on it.
 """
 
 from __future__ import annotations

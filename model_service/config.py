@@ -1,89 +1,150 @@
-"""Worker configuration: one dataclass per concern, filled from the CLI."""
+"""Worker configuration, declared once: dataclasses whose fields carry their flag, default
+and help (`sluice_common.options.option`); the parser and the way back are made from them.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 from sluice_common import otel
+from sluice_common.options import add_section, option, section_from
 
 LOOPS = ("auto", "asyncio", "uvloop")
+EXECUTORS = ("mp", "ray", "uni", "external_launcher")
+BOOL = argparse.BooleanOptionalAction
+
+
+def non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
 
 
 @dataclass(slots=True)
 class SimOptions:
     """The simulated engine: a continuous-batching LLM stand-in for tests and benchmarks."""
 
-    ttft_s: float = 0.02  # prefill time before the first token
-    token_delay_s: float = 0.005  # decode time per token (0 = as fast as possible)
-    startup_s: float = 0.0  # simulated weight-loading time (worker NOT_SERVING meanwhile)
-    answer_tokens: int = 48  # natural answer length before end-of-sequence
-    kv_cache_tokens: int = 262_144  # KV budget in tokens
-    # Faults injected at runtime (tests, rollout benchmarks): a JSON file re-read when it
-    # changes, see `model_service.engines.sim.Faults`. "" = none.
-    fault_file: str = ""
-    # Prefix cache (`engines/sim_cache.py`): full blocks of prompt tokens kept, LRU, in the
-    # KV space running requests leave free; hits are reported as cached prompt tokens.
-    prefix_cache: bool = True
-    block_tokens: int = 16
-    # Prefill speed in prompt tokens/s: > 0 makes TTFT `ttft_s` + uncached prompt tokens /
-    # this rate, one prefill at a time (as one forward pass at a time); 0: a flat `ttft_s`.
-    prefill_tokens_per_s: float = 0.0
+    ttft_s: float = option(0.02, "--sim-ttft", "prefill time before the first token, seconds")
+    token_delay_s: float = option(
+        0.005, "--sim-token-delay", "decode time per token, seconds (0: as fast as possible)"
+    )
+    startup_s: float = option(
+        0.0, "--sim-startup", "simulated weight loading, seconds (NOT_SERVING meanwhile)"
+    )
+    answer_tokens: int = option(48, "--sim-answer-tokens", "answer length before end-of-sequence")
+    kv_cache_tokens: int = option(262_144, "--sim-kv-tokens", "KV budget, tokens")
+    fault_file: str = option(
+        "",
+        "--sim-fault-file",
+        'JSON faults re-read on change: {"error_rate", "error_after_tokens", "ttft_s"}',
+    )
+    prefix_cache: bool = option(
+        True,
+        "--sim-prefix-cache",
+        "sim: keep prompt KV blocks for later prompts (LRU)",
+        action=BOOL,
+    )
+    block_tokens: int = option(16, "--sim-block-size", "prefix cache block, tokens")
+    prefill_tokens_per_s: float = option(
+        0.0,
+        "--sim-prefill-rate",
+        "sim: uncached prompt tokens prefilled per second, one prefill at a time "
+        "(TTFT = --sim-ttft + uncached/rate); 0: a flat --sim-ttft",
+    )
 
 
 @dataclass(slots=True)
 class VllmOptions:
     """vLLM engine settings, passed through to AsyncEngineArgs."""
 
-    gpu_memory_utilization: float = 0.3
-    # KV cache size in GiB (vLLM's kv_cache_memory_bytes, the fractional form of the CPU
-    # backend's VLLM_CPU_KVCACHE_SPACE); None: gpu_memory_utilization decides.
-    kv_cache_space_gb: float | None = None
-    enable_prefix_caching: bool = True
-    speculative_config: str | None = None  # JSON, e.g. {"method": "ngram", ...}
-    dtype: str = "auto"
-    # None: eager on CPU (torch.compile there costs a minute per start: vllm-cpu 0.32 fails to
-    # load its own compile cache), compiled (CUDA graphs) on GPU.
-    enforce_eager: bool | None = None
-    # vLLM tool parser for tool choice `auto` (e.g. "hermes"); "" = auto is refused.
-    tool_call_parser: str = ""
-    # vLLM's parallelism, passed through (engines/vllm_parallel.py): ranks per replica =
-    # tensor x pipeline; data parallel replicas; executor "mp" (one node), "ray" (nodes).
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    data_parallel_size: int = 1
-    distributed_executor_backend: str | None = None  # None: vLLM picks
+    gpu_memory_utilization: float = option(
+        0.3, "--gpu-memory-utilization", "share of GPU memory vLLM may take"
+    )
+    # vLLM's kv_cache_memory_bytes, the fractional form of the CPU backend's
+    # VLLM_CPU_KVCACHE_SPACE.
+    kv_cache_space_gb: float | None = option(
+        None,
+        "--kv-cache-space-gb",
+        "KV cache size, GiB (default: --gpu-memory-utilization decides)",
+        type=float,
+    )
+    enable_prefix_caching: bool = option(
+        True, "--no-prefix-caching", "turn vLLM's prefix caching off", action="store_false"
+    )
+    speculative_config: str | None = option(
+        None, "--speculative-config", "JSON for vLLM speculative decoding"
+    )
+    dtype: str = option("auto", "--dtype", "weights' dtype (auto: the model's)")
+    # On CPU, torch.compile costs a minute per start (vllm-cpu 0.32 fails to load its own
+    # compile cache).
+    enforce_eager: bool | None = option(
+        None,
+        "--enforce-eager",
+        "vLLM without torch.compile / CUDA graphs (default: on for CPU, off for GPU)",
+        action=BOOL,
+    )
+    tool_call_parser: str = option(
+        "",
+        "--tool-call-parser",
+        "vLLM tool parser for tool_choice auto, e.g. hermes (default: auto is refused; "
+        "required and named tool choices work without one)",
+    )
+    # Parallelism, passed through (engines/vllm/parallel.py): ranks per replica = tensor x
+    # pipeline; data-parallel replicas; how the ranks start.
+    tensor_parallel_size: int = option(1, "--tensor-parallel-size", "GPUs per layer shard")
+    pipeline_parallel_size: int = option(1, "--pipeline-parallel-size", "layer stages")
+    data_parallel_size: int = option(1, "--data-parallel-size", "engine replicas")
+    distributed_executor_backend: str | None = option(
+        None,
+        "--distributed-executor-backend",
+        "how vLLM starts its ranks: mp (one node) or ray (a Ray cluster, many nodes)",
+        choices=EXECUTORS,
+    )
     otlp_traces_endpoint: str = ""  # vLLM's own tracing: the worker's --otlp-endpoint
     extra_args: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
 class TritonOptions:
-    """An existing Triton Inference Server as the engine, over its gRPC API, speaking the
-    model interface of Triton's vLLM backend (engines/triton.py)."""
+    """An existing Triton server as the engine (engines/triton/)."""
 
-    url: str = "127.0.0.1:8001"  # Triton's gRPC address
-    model: str = "vllm_model"  # the model's name in Triton's repository
-    # TLS to Triton: on with a CA (else the system roots with `tls`); mTLS with cert+key.
-    tls: bool = False
-    tls_ca: str = ""
-    tls_cert: str = ""
-    tls_key: str = ""
-    health_interval_s: float = 1.0  # how often Triton's readiness is polled
+    url: str = option("127.0.0.1:8001", "--triton-url", "Triton's gRPC address, host:port")
+    model: str = option("vllm_model", "--triton-model", "the model's name in Triton")
+    # On with a CA or a client certificate too (`config_from_args`).
+    tls: bool = option(
+        False, "--triton-tls", "TLS to Triton (system roots unless a CA)", action="store_true"
+    )
+    tls_ca: str = option("", "--triton-tls-ca", "PEM CA for Triton's certificate")
+    tls_cert: str = option("", "--triton-tls-cert", "PEM client certificate (mTLS)")
+    tls_key: str = option("", "--triton-tls-key", "PEM key of --triton-tls-cert")
+    health_interval_s: float = option(
+        1.0, "--triton-health-interval", "seconds between readiness checks of Triton's model"
+    )
 
 
 @dataclass(slots=True)
 class EngineConfig:
     """Which engine, which model, and the limits every engine shares."""
 
-    engine: str = "vllm"  # the real engine unless `sim` is asked for
-    model: str = ""  # model directory (vllm) or label (sim)
-    served_model_name: str = ""  # name clients use; default: basename of `model`
-    version: str = ""  # deployment version label (canary routing)
-    max_model_len: int = 2048
-    max_num_seqs: int = 32  # batch slots
-    default_max_tokens: int = 512
+    engine: str = option(
+        "vllm",
+        "--engine",
+        "engine: vllm (default), triton (an existing Triton server) or sim (simulated)",
+    )
+    model: str = option(
+        "", "--model", "model directory (vllm: required; triton: its tokenizer and chat template)"
+    )
+    served_model_name: str = option("", "--served-model-name", "model name clients use")
+    version: str = option("", "--model-version", "version label for routing")
+    max_model_len: int = option(2048, "--max-model-len", "context length, tokens")
+    max_num_seqs: int = option(32, "--max-num-seqs", "batch slots")
+    default_max_tokens: int = option(
+        512, "--default-max-tokens", "max_tokens of a start that sets none"
+    )
     sim: SimOptions = field(default_factory=SimOptions)
     vllm: VllmOptions = field(default_factory=VllmOptions)
     triton: TritonOptions = field(default_factory=TritonOptions)
@@ -98,10 +159,12 @@ class EngineConfig:
 
 
 @dataclass(slots=True)
-class Limits:
+class LimitsConfig:
     """Request limits enforced before the engine sees anything."""
 
-    max_prompt_bytes: int = 1_048_576
+    max_prompt_bytes: int = option(
+        1_048_576, "--max-prompt-bytes", "longest prompt (or chat content), bytes"
+    )
     max_messages: int = 1024
     max_stop_strings: int = 16
     max_stop_length: int = 256
@@ -113,44 +176,66 @@ class Limits:
 class AdmissionConfig:
     """Overload protection: refuse fast rather than queue without bound."""
 
-    max_waiting: int = 64  # generations admitted beyond the batch slots
+    max_waiting: int = option(
+        64, "--max-waiting", "generations admitted beyond the batch slots (the worker's queue)"
+    )
     kv_high_watermark: float = 0.98  # refuse while KV use is above this and others wait
-    # Batch slots (and places) kept per higher priority class in use; None (auto): what
-    # takes it to one more than its recent peak, at most half the slots in all.
-    priority_headroom: int | None = None
+    priority_headroom: int | None = option(
+        None,
+        "--priority-headroom",
+        "batch slots kept for each higher priority class while it is in use "
+        "(default: auto, room for one more than its recent peak; at most half the slots)",
+        type=non_negative,
+    )
 
 
 @dataclass(slots=True)
 class ReplayConfig:
     """Resumable generations: detach grace and the replay log's retention and cap."""
 
-    default_detach_grace_s: float = 5.0  # for starts that carry no detach_grace_ms
+    default_detach_grace_s: float = option(
+        5.0,
+        "--default-detach-grace",
+        "seconds a generation runs on after its consumer left, for starts without "
+        "their own detach_grace_ms (0 = abort at once)",
+    )
     max_detach_grace_s: float = 60.0  # cap on a request's own detach_grace_ms
-    retention_s: float = 60.0  # how long an ended generation stays resumable
-    max_bytes: int = 256 * 1024 * 1024  # replay log cap (approximate bytes)
+    retention_s: float = option(
+        60.0, "--replay-retention", "seconds an ended generation stays resumable"
+    )
+    max_mb: float = option(256.0, "--replay-max-mb", "replay logs' cap, MiB (approximate)")
+
+    @property
+    def max_bytes(self) -> int:
+        return int(self.max_mb * 2**20)
 
 
 @dataclass(slots=True)
 class ServerConfig:
     """gRPC server settings."""
 
-    host: str = "127.0.0.1"
-    port: int = 50051
-    drain_grace_s: float = 30.0
+    host: str = option("127.0.0.1", "--host", "address to listen on")
+    port: int = option(50051, "--port", "0 picks a free port")
+    port_file: str = option("", "--port-file", "write the bound port here once serving")
+    drain_grace_s: float = option(
+        30.0, "--drain-grace", "seconds in-flight generations may finish on SIGTERM"
+    )
     max_message_bytes: int = 8 * 1024 * 1024
-    # Streams per HTTP/2 connection: an edge multiplexes all of its clients' generations
-    # over one channel, so this must exceed the streams one edge carries.
-    max_concurrent_streams: int = 65536
+    # An edge multiplexes all of its clients' generations over one channel, so this must
+    # exceed the streams one edge carries.
+    max_concurrent_streams: int = option(
+        65536, "--max-concurrent-streams", "HTTP/2 streams per client connection"
+    )
     keepalive_time_s: float = 30.0
     keepalive_timeout_s: float = 10.0
-    metrics_port: int | None = None  # Prometheus /metrics on this HTTP port (0 = any free)
-    # TLS: with cert and key the gRPC port speaks TLS; with a client CA as well, it
-    # requires client certificates signed by that CA (mTLS).
-    tls_cert: str = ""
-    tls_key: str = ""
-    tls_client_ca: str = ""
-    # A plaintext port serving only grpc.health.v1 (Kubernetes gRPC probes speak no TLS).
-    health_port: int | None = None
+    metrics_port: int | None = option(
+        None, "--metrics-port", "Prometheus HTTP port (0 = any free)", type=int
+    )
+    tls_cert: str = option("", "--tls-cert", "PEM server certificate (enables TLS)")
+    tls_key: str = option("", "--tls-key", "PEM private key of --tls-cert")
+    tls_client_ca: str = option("", "--tls-client-ca", "PEM CA: require client certs (mTLS)")
+    # Kubernetes gRPC probes speak no TLS.
+    health_port: int | None = option(None, "--health-port", "plaintext health-only port", type=int)
 
     def grpc_options(self) -> list[tuple[str, int]]:
         return [
@@ -174,250 +259,65 @@ class WorkerConfig:
 
     engine: EngineConfig = field(default_factory=EngineConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
-    limits: Limits = field(default_factory=Limits)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
-    log_level: str = "info"
-    # One info record per generation (request_id, trace_id, code, tokens, timings), as
-    # uvicorn's access log; off, they are debug records. It costs as much as the rest of a
-    # short request's bookkeeping, so the CLI turns it on only with --log-format json.
-    access_log: bool = False
-    # Event loop, as uvicorn's --loop: uvloop when installed (cheaper per message), else
-    # asyncio's own.
-    loop: str = "auto"
-    # OpenTelemetry traces (model_service/tracing.py): "" = off (flag, else OTEL_* vars).
-    otlp_endpoint: str = ""
+    log_level: str = option("info", "--log-level", "log level")
+    log_format: str = option("text", "--log-format", "text or json", choices=("text", "json"))
+    # One info record per generation, as uvicorn's access log (off: debug records). It
+    # costs as much as the rest of a short request's bookkeeping, hence on only for json
+    # unless told (None until `config_from_args` decides).
+    access_log: bool | None = option(
+        None,
+        "--access-log",
+        "an info record per generation (default: on with --log-format json)",
+        action=BOOL,
+    )
+    loop: str = option(
+        "auto", "--loop", "event loop: uvloop when installed (auto), or asyncio's", choices=LOOPS
+    )
+    # Traces (obs/tracing.py), also from OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT.
+    otlp_endpoint: str = option(
+        "",
+        "--otlp-endpoint",
+        "OTLP/gRPC endpoint for traces (tracing on); also OTEL_EXPORTER_OTLP_ENDPOINT",
+    )
+
+
+# Sections in --help order: (dest prefix, dataclass, group title).
+SECTIONS: tuple[tuple[str, Any, str], ...] = (
+    ("engine", EngineConfig, "engine and model"),
+    ("sim", SimOptions, "sim engine (--engine sim)"),
+    ("vllm", VllmOptions, "vllm engine (parallelism: models bigger than one GPU)"),
+    ("triton", TritonOptions, "triton engine (--engine triton)"),
+    ("server", ServerConfig, "gRPC server"),
+    ("admission", AdmissionConfig, "admission and the worker's queue"),
+    ("limits", LimitsConfig, "request limits"),
+    ("replay", ReplayConfig, "resume and replay"),
+    ("worker", WorkerConfig, "logs, tracing, event loop"),
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="model_service", description="Sluice model worker (gRPC).")
-    d = WorkerConfig()
-    p.add_argument(
-        "--engine",
-        default=d.engine.engine,
-        help="engine: vllm (default), triton (an existing Triton server) or sim (simulated)",
-    )
-    p.add_argument(
-        "--model",
-        default=d.engine.model,
-        help="model directory (vllm: required; triton: its tokenizer and chat template)",
-    )
-    p.add_argument("--served-model-name", default="", help="model name clients use")
-    p.add_argument("--model-version", default="", help="version label for routing")
-    p.add_argument("--host", default=d.server.host)
-    p.add_argument("--port", type=int, default=d.server.port, help="0 picks a free port")
-    p.add_argument("--port-file", default="", help="write the bound port here once serving")
-    p.add_argument(
-        "--max-concurrent-streams",
-        type=int,
-        default=d.server.max_concurrent_streams,
-        help="HTTP/2 streams per client connection",
-    )
-    p.add_argument("--metrics-port", type=int, default=None, help="Prometheus HTTP port")
-    p.add_argument("--tls-cert", default="", help="PEM server certificate (enables TLS)")
-    p.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
-    p.add_argument("--tls-client-ca", default="", help="PEM CA: require client certs (mTLS)")
-    p.add_argument("--health-port", type=int, default=None, help="plaintext health-only port")
-    p.add_argument("--log-format", choices=("text", "json"), default="text")
-    p.add_argument("--drain-grace", type=float, default=d.server.drain_grace_s, help="seconds")
-    p.add_argument("--max-model-len", type=int, default=d.engine.max_model_len)
-    p.add_argument("--max-num-seqs", type=int, default=d.engine.max_num_seqs, help="batch slots")
-    p.add_argument("--max-waiting", type=int, default=d.admission.max_waiting)
-    p.add_argument(
-        "--priority-headroom",
-        type=_non_negative,
-        default=None,
-        help="batch slots kept for each higher priority class while it is in use "
-        "(default: auto, room for one more than its recent peak; at most half the slots)",
-    )
-    p.add_argument("--default-max-tokens", type=int, default=d.engine.default_max_tokens)
-    p.add_argument(
-        "--default-detach-grace",
-        type=float,
-        default=d.replay.default_detach_grace_s,
-        help="seconds a generation runs on after its consumer left, for starts without "
-        "their own detach_grace_ms (0 = abort at once)",
-    )
-    p.add_argument("--replay-retention", type=float, default=d.replay.retention_s, help="seconds")
-    p.add_argument("--replay-max-mb", type=float, default=d.replay.max_bytes / 2**20)
-    p.add_argument("--max-prompt-bytes", type=int, default=d.limits.max_prompt_bytes)
-    p.add_argument("--sim-ttft", type=float, default=d.engine.sim.ttft_s, help="seconds")
-    p.add_argument("--sim-token-delay", type=float, default=d.engine.sim.token_delay_s)
-    p.add_argument("--sim-startup", type=float, default=d.engine.sim.startup_s)
-    p.add_argument("--sim-answer-tokens", type=int, default=d.engine.sim.answer_tokens)
-    p.add_argument("--sim-kv-tokens", type=int, default=d.engine.sim.kv_cache_tokens)
-    p.add_argument(
-        "--sim-fault-file",
-        default="",
-        help='JSON faults re-read on change: {"error_rate", "error_after_tokens", "ttft_s"}',
-    )
-    p.add_argument(
-        "--sim-prefix-cache",
-        action=argparse.BooleanOptionalAction,
-        default=d.engine.sim.prefix_cache,
-        help="sim: keep prompt KV blocks for later prompts (LRU)",
-    )
-    p.add_argument("--sim-block-size", type=int, default=d.engine.sim.block_tokens)
-    p.add_argument(
-        "--sim-prefill-rate",
-        type=float,
-        default=d.engine.sim.prefill_tokens_per_s,
-        help="sim: uncached prompt tokens prefilled per second, one prefill at a time "
-        "(TTFT = --sim-ttft + uncached/rate); 0: a flat --sim-ttft",
-    )
-    p.add_argument(
-        "--gpu-memory-utilization", type=float, default=d.engine.vllm.gpu_memory_utilization
-    )
-    p.add_argument("--kv-cache-space-gb", type=float, default=None)
-    p.add_argument("--no-prefix-caching", action="store_true")
-    p.add_argument("--speculative-config", default=None, help="JSON for vLLM speculative decoding")
-    p.add_argument("--dtype", default=d.engine.vllm.dtype)
-    p.add_argument(
-        "--enforce-eager",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="vLLM without torch.compile / CUDA graphs (default: on for CPU, off for GPU)",
-    )
-    p.add_argument(
-        "--tool-call-parser",
-        default="",
-        help="vLLM tool parser for tool_choice auto, e.g. hermes (default: auto is refused; "
-        "required and named tool choices work without one)",
-    )
-    _parallel_args(p)
-    _triton_args(p, d.engine.triton)
-    p.add_argument("--log-level", default=d.log_level)
-    p.add_argument(
-        "--otlp-endpoint",
-        default="",
-        help="OTLP/gRPC endpoint for traces (tracing on); also OTEL_EXPORTER_OTLP_ENDPOINT",
-    )
-    p.add_argument(
-        "--access-log",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="an info record per generation (default: on with --log-format json)",
-    )
-    p.add_argument(
-        "--loop",
-        choices=LOOPS,
-        default=d.loop,
-        help="event loop: uvloop when installed (auto), or asyncio's",
-    )
+    for name, cls, title in SECTIONS:
+        add_section(p.add_argument_group(title), name, cls)
     return p
-
-
-def _parallel_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("vLLM parallelism (models bigger than one GPU)")
-    g.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per layer shard")
-    g.add_argument("--pipeline-parallel-size", type=int, default=1, help="layer stages")
-    g.add_argument("--data-parallel-size", type=int, default=1, help="engine replicas")
-    g.add_argument(
-        "--distributed-executor-backend",
-        choices=("mp", "ray", "uni", "external_launcher"),
-        default=None,
-        help="how vLLM starts its ranks: mp (one node) or ray (a Ray cluster, many nodes)",
-    )
-
-
-def _triton_args(p: argparse.ArgumentParser, d: TritonOptions) -> None:
-    g = p.add_argument_group("triton engine (--engine triton)")
-    g.add_argument("--triton-url", default=d.url, help="Triton's gRPC address, host:port")
-    g.add_argument("--triton-model", default=d.model, help="the model's name in Triton")
-    g.add_argument(
-        "--triton-tls", action="store_true", help="TLS to Triton (system roots unless a CA)"
-    )
-    g.add_argument("--triton-tls-ca", default="", help="PEM CA for Triton's certificate")
-    g.add_argument("--triton-tls-cert", default="", help="PEM client certificate (mTLS)")
-    g.add_argument("--triton-tls-key", default="", help="PEM key of --triton-tls-cert")
-    g.add_argument(
-        "--triton-health-interval",
-        type=float,
-        default=d.health_interval_s,
-        help="seconds between readiness checks of Triton's model",
-    )
-
-
-def _triton_options(args: argparse.Namespace) -> TritonOptions:
-    return TritonOptions(
-        url=args.triton_url,
-        model=args.triton_model,
-        tls=args.triton_tls or bool(args.triton_tls_ca or args.triton_tls_cert),
-        tls_ca=args.triton_tls_ca,
-        tls_cert=args.triton_tls_cert,
-        tls_key=args.triton_tls_key,
-        health_interval_s=args.triton_health_interval,
-    )
-
-
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
 
 
 def config_from_args(args: argparse.Namespace) -> WorkerConfig:
     """Turn parsed CLI arguments into a WorkerConfig."""
-    engine = EngineConfig(
-        engine=args.engine,
-        model=args.model,
-        served_model_name=args.served_model_name,
-        version=args.model_version,
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        default_max_tokens=args.default_max_tokens,
-        sim=SimOptions(
-            ttft_s=args.sim_ttft,
-            token_delay_s=args.sim_token_delay,
-            startup_s=args.sim_startup,
-            answer_tokens=args.sim_answer_tokens,
-            kv_cache_tokens=args.sim_kv_tokens,
-            fault_file=args.sim_fault_file,
-            prefix_cache=args.sim_prefix_cache,
-            block_tokens=args.sim_block_size,
-            prefill_tokens_per_s=args.sim_prefill_rate,
-        ),
-        vllm=VllmOptions(
-            gpu_memory_utilization=args.gpu_memory_utilization,
-            kv_cache_space_gb=args.kv_cache_space_gb,
-            enable_prefix_caching=not args.no_prefix_caching,
-            speculative_config=args.speculative_config,
-            dtype=args.dtype,
-            enforce_eager=args.enforce_eager,
-            tool_call_parser=args.tool_call_parser,
-            tensor_parallel_size=args.tensor_parallel_size,
-            pipeline_parallel_size=args.pipeline_parallel_size,
-            data_parallel_size=args.data_parallel_size,
-            distributed_executor_backend=args.distributed_executor_backend,
-            otlp_traces_endpoint=otel.endpoint_from_env(args.otlp_endpoint),
-        ),
-        triton=_triton_options(args),
-    )
-    return WorkerConfig(
-        engine=engine,
-        server=ServerConfig(
-            host=args.host,
-            port=args.port,
-            drain_grace_s=args.drain_grace,
-            metrics_port=args.metrics_port,
-            tls_cert=args.tls_cert,
-            tls_key=args.tls_key,
-            tls_client_ca=args.tls_client_ca,
-            health_port=args.health_port,
-            max_concurrent_streams=args.max_concurrent_streams,
-        ),
-        limits=Limits(max_prompt_bytes=args.max_prompt_bytes),
-        admission=AdmissionConfig(
-            max_waiting=args.max_waiting, priority_headroom=args.priority_headroom
-        ),
-        replay=ReplayConfig(
-            default_detach_grace_s=args.default_detach_grace,
-            retention_s=args.replay_retention,
-            max_bytes=int(args.replay_max_mb * 2**20),
-        ),
-        log_level=args.log_level,
-        access_log=args.log_format == "json" if args.access_log is None else args.access_log,
-        loop=args.loop,
-        otlp_endpoint=otel.endpoint_from_env(args.otlp_endpoint),
-    )
+    s = {name: section_from(args, name, cls) for name, cls, _ in SECTIONS}
+    engine: EngineConfig = s["engine"]
+    engine.sim, engine.vllm, engine.triton = s["sim"], s["vllm"], s["triton"]
+    config: WorkerConfig = s["worker"]
+    config.engine, config.server, config.limits = engine, s["server"], s["limits"]
+    config.admission, config.replay = s["admission"], s["replay"]
+    # Flags that decide others' values.
+    triton = engine.triton
+    triton.tls = triton.tls or bool(triton.tls_ca or triton.tls_cert)
+    config.otlp_endpoint = otel.endpoint_from_env(config.otlp_endpoint)
+    engine.vllm.otlp_traces_endpoint = config.otlp_endpoint
+    if config.access_log is None:
+        config.access_log = config.log_format == "json"
+    return config

@@ -1,9 +1,6 @@
-"""What all streams of one worker share: engine, admission, limits, live generations,
-the replay store, the draining flag, and resume/detach counters.
-
-The core owns its generations (it is their `Hooks`) and records their outcomes in the
-metrics; neither generations nor metrics know the core (the bootstrap wires them).
-"""
+"""What all streams of one worker share: engine, admission, live generations, the replay
+store, counters. The core owns its generations (it is their `Hooks`) and records their
+outcomes; neither generations nor metrics know it (the bootstrap wires them)."""
 
 from __future__ import annotations
 
@@ -14,19 +11,21 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from generated import sluice_pb2 as pb
-from model_service import convert, tools, tracing
-from model_service.admission import Admission
 from model_service.config import WorkerConfig
-from model_service.engines.base import Engine
+from model_service.engines.base import CallParser, Engine
 from model_service.errors import NotFound, OutOfRange, SluiceError, Unavailable
-from model_service.generation import Generation, Runtime
-from model_service.metrics import WorkerMetrics
-from model_service.replay import ReplayStore
-from model_service.tools import CallParser
-from model_service.types import GenerationRequest, WorkerFigures
-from model_service.validation import resolve_max_tokens, validate_request
+from model_service.generation.run import Generation
+from model_service.generation.runtime import Runtime
+from model_service.generation.store import ReplayStore
+from model_service.intake import decode, tools
+from model_service.intake.admission import Admission
+from model_service.intake.validation import resolve_max_tokens, validate_request
+from model_service.obs import tracing
+from model_service.obs.metrics import WorkerMetrics
+from model_service.types import FinishReason, GenerationRequest, WorkerFigures
 
 log = logging.getLogger("sluice.worker")
 
@@ -61,7 +60,7 @@ class WorkerCore:
     ) -> Generation:
         """Decode, validate, admit and tokenize a start message. Raises SluiceError."""
         arrived = time.monotonic()
-        req = convert.request_from_pb(start)
+        req = decode.request_from_pb(start)
         if not self.ready or self.draining:
             raise Unavailable("worker is draining" if self.draining else "engine is not ready yet")
         model = self.engine.model_info
@@ -158,7 +157,7 @@ class WorkerCore:
 
     def finished(self, gen: Generation) -> None:
         """Called once by every launched generation as it ends."""
-        summary = gen.summary()
+        summary = outcome(gen)
         timing = (summary["queue_s"], summary["ttft_s"], summary["total_s"])
         self.metrics.ended(
             summary["code"], summary["prompt_tokens"], summary["completion_tokens"], timing
@@ -221,3 +220,25 @@ class WorkerCore:
     def abort_all(self, reason: SluiceError) -> None:
         for gen in list(self.live):
             gen.cancel(reason)
+
+
+def outcome(gen: Generation) -> dict[str, Any]:
+    """A generation's outcome, for metrics, the per-generation record and tracing."""
+    queue_us, ttft_us, total_us = gen.timing_us
+    if gen.error is not None:
+        code = gen.error.code.name
+    else:
+        code = "CANCELLED" if gen.reason is FinishReason.CANCELLED else "OK"
+    prompt, completion, cached = gen.usage
+    return {
+        "request_id": gen.request_id,
+        "trace_id": gen.trace_id,
+        "code": code,
+        "reason": gen.reason.value,
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "cached_prompt_tokens": cached,
+        "queue_s": queue_us / 1e6,
+        "ttft_s": ttft_us / 1e6,
+        "total_s": total_us / 1e6,
+    }

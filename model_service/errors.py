@@ -1,8 +1,5 @@
-"""Domain exceptions, each bound to one gRPC status code.
-
-Raised by validation, admission and engines; translated to a gRPC status in one place
-(`model_service.status`). The caller's mistakes never become INTERNAL.
-"""
+"""Domain exceptions, each bound to one gRPC status code (mapped in `rpc/status.py`): the
+caller's mistakes never become INTERNAL."""
 
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
-"""Worker bootstrap: wires engine, metrics, core, servicer, health and reflection; shuts
-down in order.
-
-Shutdown order (SIGTERM or SIGINT):
-1. mark NOT_SERVING (Watch streams tell routers at once) and refuse new generations
-   with UNAVAILABLE;
-2. let in-flight generations finish within the drain grace period;
-3. end the rest with UNAVAILABLE;
-4. stop the gRPC server (short grace for the last messages to flush);
-5. stop the engine.
-"""
+"""Worker bootstrap: wires engine, metrics, core, servicer, health and reflection, and
+shuts down in the written order (ARCHITECTURE.md): NOT_SERVING, drain, UNAVAILABLE for the
+rest, the gRPC server, then the engine."""
 
 from __future__ import annotations
 
@@ -21,13 +13,14 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from model_service import reflection, tracing
 from model_service.config import ServerConfig, WorkerConfig
 from model_service.core import WorkerCore
 from model_service.engines import load_engine
 from model_service.errors import Unavailable
-from model_service.metrics import WorkerMetrics
-from model_service.servicer import GenerationServicer, add_to_server
+from model_service.obs import tracing
+from model_service.obs.metrics import WorkerMetrics
+from model_service.rpc import reflection
+from model_service.rpc.servicer import GenerationServicer, add_to_server
 from sluice_common.contract import SERVICE_NAME
 
 log = logging.getLogger("sluice.worker")

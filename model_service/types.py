@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 from typing import Any
+
+_MASK64 = (1 << 64) - 1  # seeds are 64-bit
 
 
 class FinishReason(enum.Enum):
@@ -117,6 +120,12 @@ class GenerationRequest:
     tenant: str = ""  # whose it is, for fair share within the class
     # The caller's W3C trace context (traceparent, tracestate) while tracing is on.
     trace_headers: dict[str, str] | None = None
+
+    def choice(self, c: int) -> GenerationRequest:
+        """Choice `c` of an n > 1 request as a request of its own: n = 1, seed + c."""
+        sp = self.sampling
+        seed = None if sp.seed is None else (sp.seed + c) & _MASK64
+        return dataclasses.replace(self, sampling=dataclasses.replace(sp, n=1, seed=seed))
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,7 @@
 
 Only what the two did alike: where spans go (`endpoint_from_env`), the exporting
 provider (`tracer_provider`), and reading a W3C trace context (`extract`). The spans
-themselves stay with each side (`edge/obs/tracing.py`, `model_service/tracing.py`). The
+themselves stay with each side (`edge/obs/tracing.py`, `model_service/obs/tracing.py`). The
 SDK is imported inside the functions, so with tracing off nothing of it is loaded.
 """
 

@@ -10,9 +10,9 @@ if TYPE_CHECKING:
     from model_service.engines.base import Engine
 
 ENGINES: dict[str, str] = {
-    "sim": "model_service.engines.sim:SimEngine",
-    "vllm": "model_service.engines.vllm:VllmEngine",
-    "triton": "model_service.engines.triton:TritonEngine",
+    "sim": "model_service.engines.sim.engine:SimEngine",
+    "vllm": "model_service.engines.vllm.engine:VllmEngine",
+    "triton": "model_service.engines.triton.engine:TritonEngine",
 }
 
 

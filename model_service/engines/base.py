@@ -1,20 +1,37 @@
-"""The engine interface: what the servicer needs from an inference engine.
-
-Implementations (`sim`, `vllm`) are picked by name in config, as uvicorn picks its HTTP
-implementation, and never see protobuf.
-"""
+"""The engine interface (and the tool-call parser one an engine may supply): what the
+worker needs from an inference engine. Implementations never see protobuf."""
 
 from __future__ import annotations
 
 import abc
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from model_service.config import EngineConfig
-from model_service.types import EngineOutput, EngineStats, GenerationRequest, ModelInfo
+from model_service.types import (
+    EngineOutput,
+    EngineStats,
+    GenerationRequest,
+    ModelInfo,
+    ToolCallDelta,
+)
 
-if TYPE_CHECKING:
-    from model_service.tools import CallParser
+Delta = tuple[str, list[ToolCallDelta]]  # (content, tool call deltas)
+
+
+class CallParser(Protocol):
+    """Finds tool calls in one choice's output as it streams."""
+
+    called: bool  # whether any call was found
+
+    def feed(self, text: str, token_ids: list[int]) -> Delta: ...
+
+    def end(self) -> Delta:
+        """What is left once the choice ended (a call completed by the last token)."""
+
+
+# An engine's parser for tool choice `auto` (`Engine.tool_parser`); `ids(i)` names call i.
+ParserFactory = Callable[[GenerationRequest, Callable[[int], str]], CallParser | None]
 
 
 class Engine(abc.ABC):

@@ -1,9 +1,5 @@
-"""A chat rendered as text through the model's Hugging Face chat template.
-
-The worker owns the template for every engine that serves a chat (vLLM, Triton): the
-messages (and tools) go through the tokenizer's `apply_chat_template`, with a final
-assistant message left open when no generation prompt is asked for.
-"""
+"""A chat rendered as text through the model's Hugging Face chat template, for every engine
+that serves a chat (vLLM, Triton): the worker owns the template."""
 
 from __future__ import annotations
 

@@ -115,7 +115,7 @@ class EngineSettings:
         return args
 
     def server_args(self) -> list[str]:
-        # The worker's fixed choices (vllm_args.build_engine_args) made explicit for vLLM.
+        # The worker's fixed choices (model_service/engines/vllm/args.py) made explicit for vLLM.
         args = [
             f"--max-model-len={self.max_model_len}",
             f"--max-num-seqs={self.max_num_seqs}",

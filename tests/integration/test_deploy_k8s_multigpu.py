@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from model_service.config import WorkerConfig, build_parser, config_from_args
-from model_service.engines.vllm_parallel import Node, check
+from model_service.engines.vllm.parallel import Node, check
 from tests.integration.test_deploy_k8s import KUBERNETES_VERSIONS, MARGIN_S
 from tests.procs import ROOT
 

@@ -13,9 +13,9 @@ import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import Message
 
-from model_service.reflection import V1_SERVICE_NAME as V1
-from model_service.reflection import V1ALPHA_SERVICE_NAME as V1ALPHA
-from model_service.reflection import v1_file_descriptor
+from model_service.rpc.reflection import V1_SERVICE_NAME as V1
+from model_service.rpc.reflection import V1ALPHA_SERVICE_NAME as V1ALPHA
+from model_service.rpc.reflection import v1_file_descriptor
 from tests.procs import start_worker
 
 GRPCURL = shutil.which("grpcurl", path=str(Path(sys.executable).parent)) or shutil.which("grpcurl")

@@ -3,7 +3,7 @@ front of a real sim worker whose batch is one or two slots, so who runs, who wai
 who is refused can be read from the order generations start in.
 
 The edge picks each request's class (header, `service_tier`, the key's class) and sends
-it with the key's name as the tenant; the worker's queue (`model_service.admission`)
+it with the key's name as the tenant; the worker's queue (`model_service.intake.admission`)
 does the rest: headroom for a class in use above, displacement of the newest queued
 generation of a lower class or of the tenant holding most, tenants in turn.
 """

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from model_service.config import build_parser, config_from_args
-from model_service.engines.vllm_args import build_engine_args
-from model_service.engines.vllm_parallel import this_node
+from model_service.engines.vllm.args import build_engine_args
+from model_service.engines.vllm.parallel import this_node
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model_service.admission import (
+from model_service.config import AdmissionConfig
+from model_service.errors import Overloaded, SluiceError
+from model_service.intake.admission import (
     DISPATCHED,
     HELD,
     HIGH,
@@ -17,8 +19,6 @@ from model_service.admission import (
     DrainRate,
     Ticket,
 )
-from model_service.config import AdmissionConfig
-from model_service.errors import Overloaded, SluiceError
 from model_service.types import EngineStats
 
 

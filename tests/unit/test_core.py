@@ -7,9 +7,9 @@ import asyncio
 from generated import sluice_pb2 as pb
 from model_service.config import EngineConfig, SimOptions, WorkerConfig
 from model_service.core import WorkerCore
-from model_service.engines.sim import SimEngine
+from model_service.engines.sim.engine import SimEngine
 from model_service.errors import EngineDead
-from model_service.generation import CLIENT_CANCEL, DETACH_EXPIRED
+from model_service.generation.run import CLIENT_CANCEL, DETACH_EXPIRED
 
 
 class SlowAbortSim(SimEngine):

@@ -7,10 +7,11 @@ import asyncio
 
 from generated import sluice_pb2 as pb
 from model_service.config import EngineConfig, SimOptions
-from model_service.engines.sim import SimEngine
+from model_service.engines.sim.engine import SimEngine
 from model_service.errors import SluiceError
-from model_service.generation import CLIENT_CANCEL, Generation, Runtime
-from model_service.replay import ReplayStore
+from model_service.generation.run import CLIENT_CANCEL, Generation
+from model_service.generation.runtime import Runtime
+from model_service.generation.store import ReplayStore
 from model_service.types import GenerationRequest, SamplingParams
 from sluice_common.histogram import Histogram
 

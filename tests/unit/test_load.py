@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from model_service.load import LoadReporter, intervals
+from model_service.rpc.load import LoadReporter, intervals
 from model_service.types import EngineStats
 
 

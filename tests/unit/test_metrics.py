@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
-from model_service.metrics import WorkerMetrics
+from model_service.obs.metrics import WorkerMetrics
 from model_service.types import EngineStats, WorkerFigures
 from sluice_common.histogram import Histogram
 

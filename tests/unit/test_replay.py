@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import pytest
 
 from model_service.errors import AlreadyExists
-from model_service.replay import ReplayStore
+from model_service.generation.store import ReplayStore
 
 
 @dataclass(eq=False)

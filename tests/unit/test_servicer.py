@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from generated import sluice_pb2 as pb
-from model_service.servicer import GenerationServicer, method_handlers
+from model_service.rpc.servicer import GenerationServicer, method_handlers
 
 SERVICE = pb.DESCRIPTOR.services_by_name["Generation"]
 

@@ -54,7 +54,7 @@ def test_the_sides_share_only_generated_and_sluice_common() -> None:
 def test_a_worker_import_in_the_edge_is_caught(tmp_path: Path) -> None:
     for package in MAY_IMPORT:
         (tmp_path / package).mkdir()
-    (tmp_path / "edge" / "bad.py").write_text("from model_service.logs import trace_id\n")
+    (tmp_path / "edge" / "bad.py").write_text("from model_service.obs.logs import trace_id\n")
     (tmp_path / "sluice_common" / "bad.py").write_text("import edge.obs.tracing\n")
     assert wrong_imports(tmp_path) == [
         "edge/bad.py imports model_service",

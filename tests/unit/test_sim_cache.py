@@ -7,8 +7,8 @@ import asyncio
 import time
 
 from model_service.config import EngineConfig, SimOptions
-from model_service.engines.sim import SimEngine
-from model_service.engines.sim_cache import PrefixCache
+from model_service.engines.sim.cache import PrefixCache
+from model_service.engines.sim.engine import SimEngine
 from model_service.types import GenerationRequest, SamplingParams
 
 

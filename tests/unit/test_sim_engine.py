@@ -6,7 +6,7 @@ import os
 import pytest
 
 from model_service.config import EngineConfig, SimOptions
-from model_service.engines.sim import SimEngine
+from model_service.engines.sim.engine import SimEngine
 from model_service.types import FinishReason, GenerationRequest, SamplingParams
 
 

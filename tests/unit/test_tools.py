@@ -9,10 +9,10 @@ import random
 import jsonschema
 import pytest
 
-from model_service.engines.sim import VOCAB
-from model_service.engines.sim_json import pieces, structured_text
+from model_service.engines.sim.structured import pieces, structured_text
+from model_service.engines.sim.text import VOCAB
 from model_service.errors import InvalidArgument
-from model_service.tools import NamedCall, RequiredCalls, forced_structure, make_parser
+from model_service.intake.tools import NamedCall, RequiredCalls, forced_structure, make_parser
 from model_service.types import (
     GenerationRequest,
     SamplingParams,

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from model_service.config import build_parser, config_from_args
-from model_service.engines.triton import sampling_json, unsupported_field
+from model_service.engines.triton.interface import sampling_json, unsupported_field
 from model_service.types import ChatMessage, GenerationRequest, SamplingParams
 
 

@@ -4,10 +4,10 @@ import math
 
 import pytest
 
-from model_service.config import Limits
+from model_service.config import LimitsConfig as Limits
 from model_service.errors import InvalidArgument, NotFound
+from model_service.intake.validation import resolve_max_tokens, validate_request
 from model_service.types import ChatMessage, GenerationRequest, ModelInfo, SamplingParams
-from model_service.validation import resolve_max_tokens, validate_request
 
 MODEL = ModelInfo(id="m", max_model_len=100, engine="sim", default_max_tokens=50)
 

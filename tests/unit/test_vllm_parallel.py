@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from model_service.config import VllmOptions, build_parser, config_from_args
-from model_service.engines.vllm_parallel import Node, check, engine_kwargs
+from model_service.engines.vllm.parallel import Node, check, engine_kwargs
 
 GPU8 = Node(gpus=8, cpus=64, ray=False)
 

@@ -1,18 +1,13 @@
-"""Tool choice `auto` on vLLM: the model's own call format parsed by vLLM's tool parsers
-(`--tool-call-parser hermes`, `llama3_json`, `mistral`, ...), as vLLM's server does.
-
-`VllmCallParser` adapts one parser instance to `model_service.tools.CallParser`: it feeds
-vLLM's streaming extractor the text so far and each delta, and maps vLLM's
-`DeltaMessage` to content and `ToolCallDelta`s (call ids are ours, so a replay is
-byte-identical and ids are stable per generation). Imported only by the vLLM engine.
-"""
+"""Tool choice `auto` on vLLM: a vLLM tool parser (`--tool-call-parser hermes`, ...) as a
+`CallParser`. Call ids are ours, so a replay is byte-identical and ids are stable per
+generation."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-from model_service.tools import Delta
+from model_service.engines.base import Delta
 from model_service.types import GenerationRequest, ToolCallDelta
 
 

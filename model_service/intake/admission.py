@@ -1,33 +1,7 @@
-"""Admission control and the worker's queue: refuse fast with a retry hint instead of
-queueing without bound, by priority class, fairly between tenants.
-
-A generation is *admitted* (it holds one of `max_running + max_waiting` places) and then
-*dispatched* to the engine when a batch slot is free for its class; until then it waits
-in the worker's queue, which is where priority and fair share are decided:
-
-- **Classes** (high, normal, low): the queue dispatches higher classes first. While a
-  higher class is in use (a generation of it arrived in the last `RECENT_S`), each lower
-  class leaves batch slots and places free for it, so a high-priority arrival finds a
-  free slot at once instead of waiting for a low one to end: `priority_headroom` slots
-  per class above, or by default (auto) as many as it needs to reach one more than the
-  most it held at once lately (its peak over the last one to two `RECENT_S`), at most
-  half the slots in all. With one class in use nothing is held back.
-- **Displacement**: when an arrival finds no place, a queued generation of the lowest
-  class below it is refused instead (the newest one of the tenant holding most in that
-  class; RESOURCE_EXHAUSTED before its first token), so a lower class is refused first
-  (a full KV cache refuses every class alike). Within a class, a tenant holding at least
-  two more than the arrival's tenant gives up its newest queued one.
-- **Fair share**: within a class the queue takes tenants in turn (round robin), so two
-  tenants flooding get equal shares whatever their arrival rates.
-
-A generation counts once whatever its `n` (its choices share its place and slot). A
-draining worker refuses what is still queued (`refuse_queued`), so the edge starts it
-elsewhere at once.
-
-Counting here rather than reading the engine's queue makes a burst of simultaneous
-arrivals race-free: each admission is decided against all those before it. The common
-case (a free slot, nothing queued) costs a few integer operations and no future.
-"""
+"""Admission control and the worker's queue (ARCHITECTURE.md, priority classes and fair
+share): refuse fast with a retry hint rather than queue without bound. Counting here, not
+reading the engine's queue, makes a burst of arrivals race-free; the common case (a free
+slot, nothing queued) costs a few integer operations and no future."""
 
 from __future__ import annotations
 

@@ -1,16 +1,7 @@
-"""Engine load figures taken from vLLM's own scheduler, through its stat-logger hook.
-
-vLLM's `AsyncLLM` hands every scheduler step's `SchedulerStats` (running and waiting
-counts, KV cache usage, speculative-decoding counts) to the stat loggers it was built
-with. `StatsCollector` is such a logger: it keeps the latest figures and sums the
-per-step speculative counts. It duck-types vLLM's `StatLoggerBase` (`record`, `log`,
-`log_engine_initialized`), so this module imports nothing from vLLM and stays testable
-without it.
-
-Scheduler stats only arrive with engine steps, so after the last request of a busy period
-ends they can lag; `snapshot()` therefore reconciles them with the frontend's count of
-unfinished requests, which changes the moment a request is added, finishes or is aborted.
-"""
+"""Engine load from vLLM's scheduler, through its stat-logger hook (`StatsCollector`
+duck-types `StatLoggerBase`, so nothing here imports vLLM). Scheduler stats arrive only
+with engine steps, so `snapshot()` reconciles them with the frontend's count of unfinished
+requests, which changes at once."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Worker config -> vLLM `AsyncEngineArgs`, and vLLM start failures -> a clear RuntimeError."""
+"""Worker config -> vLLM `AsyncEngineArgs`, and vLLM start failures -> a RuntimeError
+naming the flag."""
 
 from __future__ import annotations
 
@@ -89,10 +90,10 @@ def build_engine_args(config: EngineConfig) -> Any:
         kwargs["kv_cache_memory_bytes"] = int(opts.kv_cache_space_gb * GIB)
         if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
             log.warning("VLLM_CPU_KVCACHE_SPACE is set and overrides --kv-cache-space-gb on CPU")
-    from model_service.engines import vllm_parallel
+    from model_service.engines.vllm import parallel
 
-    vllm_parallel.check(opts, vllm_parallel.this_node())
-    kwargs.update(vllm_parallel.engine_kwargs(opts))
+    parallel.check(opts, parallel.this_node())
+    kwargs.update(parallel.engine_kwargs(opts))
     kwargs.update(opts.extra_args)
     _cpu_memory_preflight(opts.gpu_memory_utilization, kwargs.get("kv_cache_memory_bytes"))
     try:

@@ -1,20 +1,6 @@
 """The consumers of generations' logs: the `Generate` RPC (simple or multiplexed) and
-`Resume` write the logs' entries, serialized once by the generation, as they are.
-
-Generations run in their own tasks (see `generation.py`). An RPC's own coroutine is its
-only writer, and no generator sits between a log and the wire:
-
-- simple mode and `Resume` (`send_log`): the coroutine takes the generation's entries and
-  writes them; tokens produced while a write is in flight merge into one message. A
-  reader task watches the request stream meanwhile (`cancel`, mistakes), because a
-  consumer must notice a `cancel` while it waits on the engine.
-- multiplexed mode (`_Multiplexed`): a reader task starts generations; the coroutine
-  writes, in turn, what each of its generations has ready (they tell it through a
-  listener), so writes never interleave, with no task or queue per generation.
-
-When the RPC ends early, its generations detach (they may be resumed, or they abort after
-their grace).
-"""
+`Resume` (`send_log`). The RPC's own coroutine is its only writer, writing the log's bytes
+with no queue or generator in between; a reader task watches the request stream."""
 
 from __future__ import annotations
 
@@ -25,13 +11,14 @@ from collections import deque
 import grpc
 
 from generated import sluice_pb2 as pb
-from model_service import convert, tracing
-from model_service.admission import DISPLACED
 from model_service.core import WorkerCore
 from model_service.errors import EngineError, FailedPrecondition, InvalidArgument, SluiceError
-from model_service.generation import CLIENT_CANCEL, Generation
-from model_service.logs import trace_id
-from model_service.status import abort_with
+from model_service.generation import messages
+from model_service.generation.run import CLIENT_CANCEL, Generation
+from model_service.intake.admission import DISPLACED
+from model_service.obs import tracing
+from model_service.obs.logs import trace_id
+from model_service.rpc.status import abort_with
 from model_service.types import FinishReason
 from sluice_common.contract import ACCEPTED_KEY
 
@@ -47,13 +34,13 @@ async def send_log(gen: Generation, i: int, context: grpc.aio.ServicerContext) -
     """Write `gen`'s log from index `i` on, live until its final message, for a consumer
     of one generation (attached by the caller). A failed generation raises its error,
     which becomes the RPC's status, instead of sending the in-band final."""
-    write = context.write
+    write, take = context.write, gen.log.take
     while True:
         n = gen.index
         while i < n:
             if i == n - 1 and gen.ended and gen.error is not None:
                 raise gen.error
-            await write(gen.take(i))
+            await write(take(i))
             i += 1
             n = gen.index
         if gen.ended:
@@ -200,7 +187,7 @@ class _Multiplexed:
                 del self.ready[gen]
                 i = self.cursors[gen]
                 while i < gen.index:
-                    raw = gen.take(i)
+                    raw = gen.log.take(i)
                     i += 1
                     self.cursors[gen] = i
                     await write(raw)
@@ -249,7 +236,7 @@ class _Multiplexed:
         try:
             gen = await self.stream.prepare(start, full=full)
         except SluiceError as err:
-            final = convert.final_to_pb(
+            final = messages.final_to_pb(
                 start.request_id, 0, FinishReason.ERROR, NO_USAGE, NO_USAGE, error=err
             )
             self.outbox.append(final.SerializeToString())

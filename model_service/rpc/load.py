@@ -1,16 +1,6 @@
-"""The worker's load as `WatchLoad` pushes it to routers.
-
-A `LoadReporter` reads the engine's figures (running, waiting, KV use, prefix-cache
-counters) and the worker's token counter, and keeps a short window of samples to turn
-the counters into recent rates: prefix-cache hit rate (tokens found / tokens looked up)
-and tokens generated per second over the last `WINDOW_S` seconds.
-
-`watch()` is one stream's schedule: a message at once, then every `min_s` it samples and
-sends only if a figure that routing acts on changed (running, waiting, draining, KV use
-or hit rate to the percent), and at least every `max_s` regardless (a heartbeat). So a
-stream costs one sample per `min_s` on the worker and nothing on the token path; a
-caller's picture is at most `min_s` old while things change.
-"""
+"""The load `WatchLoad` pushes: engine figures plus recent prefix-cache hit rate and
+tokens/s. A stream samples every `min_s` and sends when a figure routing acts on changed,
+or at least every `max_s` (a heartbeat): nothing is added to the token path."""
 
 from __future__ import annotations
 
@@ -21,8 +11,8 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 
 from generated import sluice_pb2 as pb
-from model_service import convert
 from model_service.core import WorkerCore
+from model_service.rpc import replies
 from model_service.types import EngineStats, LoadFigures
 
 DEFAULT_MIN_S = 0.05
@@ -96,7 +86,7 @@ class LoadReporter:
             key = figures.key()
             now = self._clock()
             if key != last_key or now - last_sent >= max_s - 1e-9:
-                yield convert.load_to_pb(figures, seq)
+                yield replies.load_to_pb(figures, seq)
                 seq += 1
                 last_key, last_sent = key, now
             await asyncio.sleep(min_s)

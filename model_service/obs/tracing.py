@@ -1,15 +1,7 @@
-"""OpenTelemetry tracing of the worker, off by default.
-
-On when `--otlp-endpoint` is given or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT /
-OTEL_EXPORTER_OTLP_ENDPOINT is set (and OTEL_SDK_DISABLED is not "true"). A `Generate`
-whose gRPC metadata carries a W3C `traceparent` (the edge's attempt span) gets, when it
-ends, a `generation` span (server) under that parent with three children from the
-generation's own clock: `queue` (arrival to the engine scheduling it), `prefill` (to the
-first token) and `decode` (to the end). They are made from timestamps the generation
-keeps anyway, after its last message: nothing is added to the token path. The vLLM
-engine passes the same trace context on to vLLM's own tracing (its
-`otlp_traces_endpoint`, set to the same endpoint).
-"""
+"""OpenTelemetry tracing of the worker, off by default (`--otlp-endpoint` or `OTEL_*`): a
+`generation` span under the caller's `traceparent`, with `queue`, `prefill` and `decode`
+children made from the generation's own timestamps after it ends, so nothing is added to
+the token path."""
 
 from __future__ import annotations
 

@@ -1,20 +1,7 @@
-"""The simulated engine's prefix cache: KV blocks of prompts, found by chained hashes, LRU.
-
-A real engine (vLLM's automatic prefix caching) keeps the KV of full token blocks after a
-request ends, names each block by a hash of its tokens *and* of every block before it,
-and lets a later prompt skip the prefill of its leading blocks that are still held. It
-evicts the least recently used blocks when running requests need the memory. This is
-that bookkeeping without the memory: block hashes in an LRU.
-
-- Only full blocks are cached; a prompt's hit is its longest run of leading cached
-  blocks, capped so that at least one prompt token is computed (as vLLM does).
-- `admit()` looks a prompt up, marks its hit blocks as just used, adds its other full
-  blocks, then evicts the least recently used blocks beyond the room it is given (the KV
-  space running requests leave free). Blocks of running requests are not pinned: the
-  sim reserves their KV separately, so the cache can only be smaller than a real one.
-- Counters in tokens: `queried` (prompt tokens looked up) and `hits` (tokens found), the
-  figures vLLM's `PrefixCacheStats` reports.
-"""
+"""The sim's prefix cache: vLLM's automatic prefix caching without the memory. Full blocks
+of prompt tokens, named by chained hashes (a block's tokens and every block before it),
+kept LRU in the KV space running requests leave free; a prompt's hit is its leading cached
+blocks, leaving at least one token to compute (as vLLM does)."""
 
 from __future__ import annotations
 

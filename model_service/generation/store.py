@@ -1,12 +1,6 @@
-"""The replay log's index: which generations can still be resumed, under a memory cap.
-
-Eviction rule: a generation is kept while it runs; once it ends, it stays resumable for
-`retention_s`, unless the log is over `max_bytes`, in which case the generations that ended
-first are dropped first. Running generations are never evicted: instead, while their
-logs alone are over `max_bytes`, new generations are refused (`admit`: RESOURCE_EXHAUSTED,
-retryable), so the cap bounds running logs too, to it plus what the running ones add
-before they end (admission capacity x context window at most).
-"""
+"""Which generations can still be resumed, under a memory cap: running ones always; ended
+ones for `retention_s`, those that ended first dropped first while over `max_bytes`. While
+running logs alone are over the cap, new generations are refused (`admit`)."""
 
 from __future__ import annotations
 
@@ -23,7 +17,10 @@ if TYPE_CHECKING:
 class Replayable(Protocol):
     request_id: str
     ended: bool
-    log_bytes: int  # grows while live; the generation adds each growth to `live_bytes`
+
+    @property
+    def log_bytes(self) -> int:
+        """Grows while live; the generation adds each growth to the store's `live_bytes`."""
 
 
 class ReplayStore:

@@ -6,7 +6,7 @@ import json
 import math
 import re
 
-from model_service.config import Limits
+from model_service.config import LimitsConfig
 from model_service.errors import InvalidArgument, NotFound
 from model_service.types import GenerationRequest, ModelInfo, StructuredOutput
 
@@ -19,7 +19,7 @@ MAX_CHOICES = 1024
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
-def validate_request(req: GenerationRequest, model: ModelInfo, limits: Limits) -> None:
+def validate_request(req: GenerationRequest, model: ModelInfo, limits: LimitsConfig) -> None:
     """Checks that need no tokenizer. Raises InvalidArgument / NotFound."""
     if len(req.request_id.encode()) > limits.max_request_id_bytes:
         raise InvalidArgument("request_id", f"longer than {limits.max_request_id_bytes} bytes")
@@ -36,7 +36,7 @@ def validate_request(req: GenerationRequest, model: ModelInfo, limits: Limits) -
     _validate_tools(req)
 
 
-def _validate_input(req: GenerationRequest, limits: Limits) -> None:
+def _validate_input(req: GenerationRequest, limits: LimitsConfig) -> None:
     if req.messages is not None:
         if not req.messages:
             raise InvalidArgument("chat.messages", "at least one message is required")
@@ -64,7 +64,7 @@ def _validate_input(req: GenerationRequest, limits: Limits) -> None:
             raise InvalidArgument("prompt", f"exceeds {limits.max_prompt_bytes} bytes")
 
 
-def _validate_sampling(req: GenerationRequest, model: ModelInfo, limits: Limits) -> None:
+def _validate_sampling(req: GenerationRequest, model: ModelInfo, limits: LimitsConfig) -> None:
     sp = req.sampling
     if sp.max_tokens is not None and sp.max_tokens < 1:
         raise InvalidArgument("sampling.max_tokens", "must be at least 1")

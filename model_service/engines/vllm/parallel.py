@@ -1,12 +1,7 @@
-"""Models bigger than one GPU, on vLLM's own machinery: its parallelism passed through.
-
-The worker does not shard anything itself. `--tensor-parallel-size`,
-`--pipeline-parallel-size`, `--data-parallel-size` and `--distributed-executor-backend`
-go to vLLM's `AsyncEngineArgs` under the same names; vLLM starts the ranks (processes with
-`mp` on one node, Ray actors across nodes with `ray`, joined to the Ray cluster that `ray
-start` made, see scripts/deploy/k8s-multinode/). What can be checked before vLLM spends a
-minute starting is checked here, with a message naming the flag.
-"""
+"""Models bigger than one GPU, on vLLM's own machinery: the parallelism flags go to
+`AsyncEngineArgs` under the same names and vLLM starts the ranks (`mp` on one node, `ray`
+across nodes). What can be checked before vLLM spends a minute starting is checked here,
+naming the flag."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Protobuf <-> domain conversion, pure functions: engine code never sees protobuf."""
+"""A start as a domain request: protobuf in, pure functions (validation comes after)."""
 
 from __future__ import annotations
 
@@ -6,29 +6,16 @@ import json
 from typing import Any
 
 from generated import sluice_pb2 as pb
-from model_service.errors import InvalidArgument, SluiceError
+from model_service.errors import InvalidArgument
 from model_service.types import (
     ChatMessage,
-    EngineOutput,
-    EngineStats,
-    FinishReason,
     GenerationRequest,
-    LoadFigures,
-    ModelInfo,
     SamplingParams,
     StructuredOutput,
     Tool,
     ToolCall,
-    ToolCallDelta,
 )
 
-FINISH_TO_PB = {
-    FinishReason.STOP: pb.FINISH_REASON_STOP,
-    FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
-    FinishReason.CANCELLED: pb.FINISH_REASON_CANCELLED,
-    FinishReason.ERROR: pb.FINISH_REASON_ERROR,
-    FinishReason.TOOL_CALLS: pb.FINISH_REASON_TOOL_CALLS,
-}
 TOOL_MODES = {
     pb.TOOL_MODE_AUTO: "auto",
     pb.TOOL_MODE_NONE: "none",
@@ -157,127 +144,3 @@ def tokenize_request_from_pb(t: pb.TokenizeRequest) -> GenerationRequest:
     elif t.HasField("prompt"):
         start.prompt = t.prompt
     return request_from_pb(start)
-
-
-def chunk_to_pb(
-    request_id: str,
-    index: int,
-    out: EngineOutput,
-    choice: int = 0,
-    calls: list[ToolCallDelta] | None = None,
-) -> pb.GenerateResponse:
-    """A token delta as a response message (filled in place: no nested copies)."""
-    msg = pb.GenerateResponse(request_id=request_id, index=index)
-    chunk = msg.chunk
-    chunk.text = out.text
-    chunk.token_ids.extend(out.token_ids)
-    if choice:
-        chunk.choice = choice
-    if calls:
-        chunk.tool_calls.extend(
-            pb.ToolCallDelta(index=c.index, id=c.id, name=c.name, arguments=c.arguments)
-            for c in calls
-        )
-    if out.logprobs:
-        chunk.logprobs.extend(
-            pb.TokenLogprob(
-                token_id=lp.token_id,
-                logprob=lp.logprob,
-                text=lp.text,
-                top=[
-                    pb.TopLogprob(token_id=t.token_id, text=t.text, logprob=t.logprob)
-                    for t in lp.top
-                ],
-            )
-            for lp in out.logprobs
-        )
-    return msg
-
-
-def status_to_pb(err: SluiceError) -> pb.Status:
-    return pb.Status(
-        code=err.code.value[0],
-        message=err.message,
-        field=err.field,
-        retry_after_ms=int(err.retry_after_s * 1000),
-    )
-
-
-def final_to_pb(
-    request_id: str,
-    index: int,
-    reason: FinishReason,
-    usage: tuple[int, int, int],
-    timing_us: tuple[int, int, int],
-    *,
-    stop_sequence: str = "",
-    error: SluiceError | None = None,
-    choices: list[pb.ChoiceEnd] | None = None,
-) -> pb.GenerateResponse:
-    """The last message of a generation. usage = (prompt, completion, cached)."""
-    msg = pb.GenerateResponse(request_id=request_id, index=index)
-    final = msg.final
-    final.reason = FINISH_TO_PB[reason]
-    u = final.usage
-    u.prompt_tokens, u.completion_tokens, u.cached_prompt_tokens = usage
-    t = final.timing
-    t.queue_us, t.time_to_first_token_us, t.total_us = timing_us
-    if stop_sequence:
-        final.stop_sequence = stop_sequence
-    if error is not None:
-        final.error.CopyFrom(status_to_pb(error))
-    if choices:
-        final.choices.extend(choices)
-    return msg
-
-
-def choice_end_to_pb(reason: FinishReason, stop: str, completion_tokens: int) -> pb.ChoiceEnd:
-    return pb.ChoiceEnd(
-        reason=FINISH_TO_PB[reason], stop_sequence=stop, completion_tokens=completion_tokens
-    )
-
-
-def model_info_to_pb(info: ModelInfo) -> pb.ModelInfo:
-    return pb.ModelInfo(
-        id=info.id,
-        max_model_len=info.max_model_len,
-        engine=info.engine,
-        version=info.version,
-        default_max_tokens=info.default_max_tokens,
-    )
-
-
-def stats_to_pb(
-    stats: EngineStats, *, draining: bool, finished: int, rejected: int, drain_rate: float
-) -> pb.WorkerStats:
-    return pb.WorkerStats(
-        running=stats.running,
-        waiting=stats.waiting,
-        max_running=stats.max_running,
-        kv_cache_usage=stats.kv_cache_usage,
-        draining=draining,
-        finished_total=finished,
-        rejected_total=rejected,
-        spec_draft_tokens=stats.spec_draft_tokens,
-        spec_accepted_tokens=stats.spec_accepted_tokens,
-        drain_rate=drain_rate,
-    )
-
-
-def load_to_pb(figures: LoadFigures, seq: int) -> pb.WorkerLoad:
-    """One `WatchLoad` message."""
-    f = figures
-    return pb.WorkerLoad(
-        running=f.running,
-        waiting=f.waiting,
-        max_running=f.max_running,
-        kv_cache_usage=f.kv_cache_usage,
-        draining=f.draining,
-        prefix_cache_hit_rate=f.prefix_cache_hit_rate,
-        tokens_per_s=f.tokens_per_s,
-        prefix_cache_queried_tokens=f.prefix_cache_queried_tokens,
-        prefix_cache_hit_tokens=f.prefix_cache_hit_tokens,
-        generated_tokens=f.generated_tokens,
-        kv_cache_tokens=f.kv_cache_tokens,
-        seq=seq,
-    )

@@ -1,11 +1,6 @@
-"""The simulated engine's structured outputs: a value that satisfies a JSON schema, a JSON
-object, or one of a list of choices, written out as the sim's "tokens".
-
-It is no grammar backend: it builds one valid instance from the schema (types, `enum`,
-`const`, `anyOf`/`oneOf`, `$ref` into `$defs`, properties, array bounds, numeric bounds),
-which is what a constrained engine's output looks like to the layers above. Regexes and
-grammars are refused by name.
-"""
+"""The sim's structured outputs: one valid instance of a JSON schema, a JSON object or a
+choice, written as its tokens (what a constrained engine's output looks like above it).
+No grammar backend: regexes and grammars are refused by name."""
 
 from __future__ import annotations
 

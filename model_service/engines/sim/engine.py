@@ -1,49 +1,31 @@
-"""The simulated engine: a stand-in for a continuous-batching LLM engine.
-
-It is a real engine implementation for tests and overhead benchmarks, not a mock of the
-worker: a fixed number of batch slots, a waiting queue (by priority class, then FIFO, as
-vLLM's priority scheduling), a KV-token budget reserved at
-scheduling (prompt + max_tokens), configurable time to first token and per-token delay,
-deterministic output for a given prompt and seed, immediate slot release on abort.
-
-Prefix cache (`sim_cache.py`, on unless `prefix_cache` is off): full blocks of prompt
-tokens stay cached, LRU, in the KV space running requests leave free; a prompt's hit is
-reported as `cached_prompt_tokens` and counted in `stats()`. With `prefill_tokens_per_s`
-set, prefill takes `ttft_s` + uncached prompt tokens / that rate, one prefill at a time
-(a forward pass at a time), so a cache hit or a quiet worker gives a shorter TTFT;
-otherwise every prefill takes a flat `ttft_s`, all at once.
-
-Decoding runs in steps, as a real engine's forward pass does: every `token_delay_s`, one
-timer gives every decoding sequence its next token (a sequence joins the batch's steps
-after its prefill). So the engine costs one timer per step, not one per token, and the
-worker sees the batch's tokens arrive together, as it does from vLLM. With a zero delay
-each sequence runs as fast as it can, yielding to the others every 16 tokens.
-
-Faults (`--sim-fault-file`, for rollout tests and benchmarks): a JSON object re-read
-whenever the file changes, so a test turns a healthy worker bad mid-run and back.
-`error_rate` (0..1) fails that share of new generations, spread evenly (every 1/rate-th);
-`error_after_tokens` is how many tokens a failing one sends first (0: it fails before its
-first token); `ttft_s` adds to every prefill. A failure is an `EngineError` (INTERNAL), as
-an engine crashing on a request would be. A missing or empty file means no faults.
-"""
+"""The simulated engine: continuous batching without a model (tests, overhead benchmarks).
+Batch slots, a waiting queue by class, a KV budget, a prefix cache, and decoding in steps:
+one timer gives every decoding sequence its next token, so a batch's tokens arrive
+together, as from vLLM. Output is deterministic for a prompt and seed."""
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
-import json
-import logging
 import os
-import re
 import time
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from model_service.engines.base import Engine
-from model_service.engines.sim_cache import PrefixCache
-from model_service.engines.sim_json import pieces, structured_text
+from model_service.engines.sim.cache import PrefixCache
+from model_service.engines.sim.faults import Faults
+from model_service.engines.sim.structured import pieces, structured_text
+from model_service.engines.sim.text import (
+    VOCAB,
+    Lcg,
+    chat_template,
+    find_stop,
+    tokenize,
+    with_calls,
+    word_id,
+)
 from model_service.errors import EngineError
 from model_service.types import (
     EngineOutput,
@@ -51,97 +33,7 @@ from model_service.types import (
     FinishReason,
     GenerationRequest,
     ModelInfo,
-    ToolCall,
 )
-
-# A small vocabulary; token id = index. Text of a token is " " + word (one leading space).
-VOCAB: tuple[str, ...] = tuple(
-    "the a of to and in is it that was for on are as with his they at be this from "
-    "have or by one had not but what all were when we there can an your which their said "
-    "if do will each about how up out them then she many some so these would other into "
-    "has more her two like him see time could no make than first been its who now people "
-    "my made over did down only way find use may water long little very after words called "
-    "just where most know river stream token model answer Paris light field number sound".split()
-)
-EOS_TOKEN_ID = len(VOCAB)
-_WORD_RE = re.compile(r"\w+|[^\w\s]")
-
-
-def sim_tokenize(text: str) -> list[int]:
-    """A stable word-level tokenizer: each word or punctuation mark is one token."""
-    return [_word_id(w) for w in _WORD_RE.findall(text)]
-
-
-@functools.lru_cache(maxsize=65536)
-def _word_id(word: str) -> int:
-    return int.from_bytes(hashlib.blake2b(word.encode(), digest_size=2).digest())
-
-
-def chat_template(messages: tuple[tuple[str, str], ...], add_generation_prompt: bool) -> str:
-    """The sim's chat template: `<|role|> content` lines, then `<|assistant|>`."""
-    lines = [f"<|{role}|> {content}" for role, content in messages]
-    if add_generation_prompt:
-        lines.append("<|assistant|>")
-    return "\n".join(lines)
-
-
-class _Lcg:
-    """A 64-bit linear congruential generator (Knuth's MMIX constants): the sim's "sampler".
-    Seeding is free, unlike `random.Random`'s (5-11 µs a request)."""
-
-    __slots__ = ("state",)
-
-    def __init__(self, seed: int) -> None:
-        self.state = seed & _MASK64
-
-    def below(self, n: int) -> int:
-        self.state = (self.state * 6364136223846793005 + 1442695040888963407) & _MASK64
-        return (self.state >> 33) % n
-
-
-_MASK64 = (1 << 64) - 1
-log = logging.getLogger("sluice.worker")
-
-
-class Faults:
-    """Injected faults, from a JSON file re-read when its mtime changes (module docstring)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._mtime = -1
-        self.error_rate = 0.0
-        self.error_after_tokens = 0
-        self.ttft_s = 0.0
-        self._due = 0.0  # accumulated share of generations to fail
-
-    def refresh(self) -> None:
-        try:
-            mtime = os.stat(self.path).st_mtime_ns
-        except OSError:
-            mtime = 0
-        if mtime == self._mtime:
-            return
-        self._mtime = mtime
-        raw: dict[str, float] = {}
-        if mtime:
-            try:
-                with open(self.path) as f:
-                    raw = json.loads(f.read() or "{}")
-            except (OSError, ValueError) as exc:
-                log.warning("sim fault file %s unreadable: %s", self.path, exc)
-        self.error_rate = min(1.0, max(0.0, float(raw.get("error_rate", 0.0))))
-        self.error_after_tokens = max(0, int(raw.get("error_after_tokens", 0)))
-        self.ttft_s = max(0.0, float(raw.get("ttft_s", 0.0)))
-        self._due = 0.0
-        log.info("sim faults now %s", raw or "none")
-
-    def fails_next(self) -> bool:
-        """Whether the generation starting now fails (every 1/error_rate-th does)."""
-        self._due += self.error_rate
-        if self._due >= 1.0 - 1e-9:
-            self._due -= 1.0
-            return True
-        return False
 
 
 @dataclass(eq=False, slots=True)
@@ -200,12 +92,12 @@ class SimEngine(Engine):
         return self._info
 
     async def tokenize(self, request: GenerationRequest) -> list[int]:
-        return sim_tokenize(self._prompt_text(request))
+        return tokenize(self._prompt_text(request))
 
     @staticmethod
     def _prompt_text(request: GenerationRequest) -> str:
         if request.messages is not None:
-            pairs = [(m.role, _with_calls(m.content, m.tool_calls)) for m in request.messages]
+            pairs = [(m.role, with_calls(m.content, m.tool_calls)) for m in request.messages]
             if request.tools:  # the sim's template shows the tools first
                 pairs.insert(0, ("tools", " ".join(t.name for t in request.tools)))
             return chat_template(tuple(pairs), request.add_generation_prompt)
@@ -304,15 +196,15 @@ class SimEngine(Engine):
             if not fut.done():  # a sequence cancelled while waiting cancels its own future
                 fut.set_result(None)
 
-    def _sampler(self, request: GenerationRequest, prompt_ids: list[int]) -> _Lcg:
+    def _sampler(self, request: GenerationRequest, prompt_ids: list[int]) -> Lcg:
         sp = request.sampling
         if sp.temperature == 0:
             key = repr(prompt_ids)
         elif sp.seed is not None:
             key = f"{prompt_ids!r}/{sp.seed}/{sp.temperature}/{sp.top_p}/{sp.top_k}"
         else:
-            return _Lcg(int.from_bytes(os.urandom(8)))
-        return _Lcg(int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest()))
+            return Lcg(int.from_bytes(os.urandom(8)))
+        return Lcg(int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest()))
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
         if not self._started or self._loop is None:
@@ -375,7 +267,7 @@ class SimEngine(Engine):
                     return
                 if script is not None:
                     word = script[n - 1]
-                    tid = _word_id(word)
+                    tid = word_id(word)
                 else:
                     tid = rng.below(len(VOCAB))
                     word = " " + VOCAB[tid]
@@ -387,7 +279,7 @@ class SimEngine(Engine):
                 text += word
                 hit = None
                 if sp.stop and n > sp.min_tokens:
-                    hit = _find_stop(text, sp.stop, emitted)
+                    hit = find_stop(text, sp.stop, emitted)
                 if hit is not None:
                     pos, stop = hit
                     yield self._out(
@@ -423,20 +315,3 @@ class SimEngine(Engine):
             cached_prompt_tokens=req.cached,
             scheduled_at=req.scheduled_at,
         )
-
-
-def _with_calls(content: str, calls: tuple[ToolCall, ...]) -> str:
-    """A message's content with the tool calls it made, as the sim's template writes them."""
-    for call in calls:
-        content += f" <tool_call> {call.name} {call.arguments}"
-    return content
-
-
-def _find_stop(text: str, stops: tuple[str, ...], emitted: int) -> tuple[int, str] | None:
-    """Earliest stop string in the not-yet-emitted tail of `text`: (position, string)."""
-    best: tuple[int, str] | None = None
-    for s in stops:
-        pos = text.find(s, max(0, emitted - len(s) + 1))
-        if pos >= 0 and (best is None or pos < best[0]):
-            best = (pos, s)
-    return best

@@ -1,44 +1,25 @@
-"""Tool calling in the worker, engine-independent: what a tool choice makes the engine
-enforce, and how tool calls are found in the output as it streams.
-
-- `none`: the tools are shown to the model (chat template), the output stays text.
-- `required` / a named function: the engine samples under a JSON schema (the calls'
-  shape, as vLLM's server does), so it works on any model; the output is then parsed as
-  that JSON: an array of `{"name", "parameters"}` objects, or the named function's
-  arguments object itself.
-- `auto`: the model writes calls in its own format; a parser for that format comes from
-  the engine (vLLM's tool parsers, `--tool-call-parser`), or auto is refused.
-
-A `CallParser` takes the text of one choice as it comes and returns what is plain
-content and what is tool calls (`ToolCallDelta`: id and name first, then arguments).
-"""
+"""Tool calling, engine-independent: the JSON schema a required or named tool choice
+samples under, and the parsers that turn a choice's output into tool-call deltas
+(`auto`: the engine's parser, or refused)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
+from model_service.engines.base import CallParser, Delta, ParserFactory
 from model_service.errors import InvalidArgument
-from model_service.types import GenerationRequest, StructuredOutput, Tool, ToolCallDelta
+from model_service.types import (
+    EngineOutput,
+    GenerationRequest,
+    StructuredOutput,
+    Tool,
+    ToolCallDelta,
+)
 
-Delta = tuple[str, list[ToolCallDelta]]  # (content, tool call deltas)
 _EMPTY_OBJECT: dict[str, Any] = {"type": "object", "properties": {}}
-
-
-class CallParser(Protocol):
-    """Finds tool calls in one choice's output as it streams."""
-
-    called: bool  # whether any call was found
-
-    def feed(self, text: str, token_ids: list[int]) -> Delta: ...
-
-    def end(self) -> Delta:
-        """What is left once the choice ended (a call completed by the last token)."""
-
-
-ParserFactory = Callable[[GenerationRequest, Callable[[int], str]], CallParser | None]
 
 
 def call_id(seed: str, index: int) -> str:
@@ -134,6 +115,17 @@ class RequiredCalls:
 
     def end(self) -> Delta:
         return "", []
+
+
+def feed(parser: CallParser, out: EngineOutput) -> list[ToolCallDelta]:
+    """One engine output of a choice through its parser: `out.text` keeps the content, the
+    calls found are returned (what the parser held back, too, once the choice ended)."""
+    out.text, calls = parser.feed(out.text, out.token_ids)
+    if out.finish_reason is not None:
+        rest, more = parser.end()
+        out.text += rest
+        calls += more
+    return calls
 
 
 def make_parser(

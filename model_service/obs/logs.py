@@ -1,8 +1,5 @@
-"""Logging set-up: plain text for people, one JSON object per line for log pipelines.
-
-Per-generation records carry `request_id` and `trace_id` (the `x-request-id` gRPC metadata
-the edge sends), so one request can be followed from the edge's log into the worker's.
-"""
+"""Logging set-up: text for people, one JSON object per line for pipelines; the caller's
+`x-request-id` is each record's `trace_id`, as in the edge's log."""
 
 from __future__ import annotations
 

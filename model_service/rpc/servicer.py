@@ -1,10 +1,6 @@
 """The `sluice.v1.Generation` servicer: a translator between protobuf and the worker core.
-
-`Generate` and `Resume` use grpc's reader/writer API and send bytes: each message is
-serialized once, by its generation, into the replay log, and every consumer (the first
-stream, each replay) writes those bytes as they are. `add_to_server` registers them
-without a response serializer; the other RPCs are registered as the generated code does.
-"""
+`Generate` and `Resume` write the bytes their generation's log holds, so `add_to_server`
+registers them without a response serializer."""
 
 from __future__ import annotations
 
@@ -15,14 +11,15 @@ import grpc
 
 from generated import sluice_pb2 as pb
 from generated import sluice_pb2_grpc as pb_grpc
-from model_service import convert
 from model_service.core import WorkerCore
 from model_service.errors import SluiceError, Unavailable
-from model_service.load import LoadReporter, intervals
-from model_service.status import abort_with
-from model_service.stream import GenerateStream, send_log
+from model_service.intake import decode
+from model_service.intake.validation import validate_request
+from model_service.rpc import replies
+from model_service.rpc.load import LoadReporter, intervals
+from model_service.rpc.status import abort_with
+from model_service.rpc.stream import GenerateStream, send_log
 from model_service.types import EngineStats
-from model_service.validation import validate_request
 from sluice_common.contract import ACCEPTED_KEY, SERVICE_NAME
 
 
@@ -57,7 +54,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListModelsResponse:
         await self._require_ready(context)
-        return pb.ListModelsResponse(models=[convert.model_info_to_pb(self.core.engine.model_info)])
+        return pb.ListModelsResponse(models=[replies.model_info_to_pb(self.core.engine.model_info)])
 
     async def Tokenize(
         self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext
@@ -65,7 +62,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         await self._require_ready(context)
         info = self.core.engine.model_info
         try:
-            req = convert.tokenize_request_from_pb(request)
+            req = decode.tokenize_request_from_pb(request)
             # Same checks as Generate, minus sampling: size limits, roles, model name.
             validate_request(req, info, self.core.config.limits)
             ids = await self.core.engine.tokenize(req)
@@ -83,7 +80,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         core = self.core
         core.store.evict()
         stats = replace(stats, waiting=stats.waiting + adm.queued)  # with the worker's queue
-        msg = convert.stats_to_pb(
+        msg = replies.stats_to_pb(
             stats,
             draining=core.draining,
             finished=adm.finished_total,

@@ -1,25 +1,6 @@
-"""Prometheus metrics of the worker, on their own HTTP port (`--metrics-port`).
-
-Names (all `sluice_worker_*`; the Prometheus text format adds `_total`, `_bucket`...):
-
-| name | type | meaning |
-| --- | --- | --- |
-| `requests{code}` | counter | generations by final gRPC status code (refusals included) |
-| `prompt_tokens`, `generation_tokens` | counter | prompt tokens processed, tokens generated |
-| `time_to_first_token_seconds` | histogram | arrival to the first token, per generation |
-| `inter_token_latency_seconds` | histogram | time between token chunks from the engine |
-| `queue_time_seconds` | histogram | arrival to the start of prefill |
-| `request_duration_seconds` | histogram | arrival to the final message |
-| `running_requests`, `waiting_requests`, `kv_cache_usage_ratio` | gauge | engine load |
-| `in_flight_requests`, `replay_bytes`, `draining`, `ready` | gauge | worker state |
-| `admission_rejections`, `resumes`, `detach_expired`, `wasted_tokens` | counter | worker totals |
-| `spec_draft_tokens`, `spec_accepted_tokens` | counter | speculative decoding (vLLM) |
-
-The figures the hot path updates (per token chunk, per generation) are plain numbers and
-lock-free histograms (`histogram.py`) owned here; the gauges and worker totals are read
-from a `WorkerFigures` snapshot (the core's) only when Prometheus scrapes. This module
-reads nothing else of the worker: the bootstrap passes the snapshot function.
-"""
+"""Prometheus metrics of the worker (`sluice_worker_*`, names and help in `_Collector`) on
+`--metrics-port`. What the hot path updates is plain numbers and lock-free histograms
+owned here; gauges and totals come from the core's `WorkerFigures` at scrape time only."""
 
 from __future__ import annotations
 

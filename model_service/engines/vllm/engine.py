@@ -1,19 +1,6 @@
-"""The real engine: vLLM's v1 `AsyncLLM` serving one Hugging Face model directory.
-
-vLLM is imported lazily, inside this module only, so that importing the engine registry
-(or running the simulated engine) never loads vLLM or torch. `AsyncLLM` runs its engine
-core in a spawned process: the program's entry point needs an `if __name__ == "__main__":`
-guard (model_service/__main__.py has one).
-
-Mapping to the engine interface:
-- `tokenize()` applies the model's chat template (the worker owns it) and returns ids;
-  `generate()` passes them on as a rendered token input, so nothing is tokenized twice.
-- Outputs stream as deltas (`RequestOutputKind.DELTA`): text, token ids, logprobs.
-- vLLM's finish reasons map to ours: stop/repetition -> STOP, length -> LENGTH,
-  abort -> CANCELLED; "error" raises EngineError.
-- Cancelling or closing `generate()` closes vLLM's generator, which aborts the request.
-- Parameters vLLM refuses raise `errors.InvalidArgument` naming the field.
-"""
+"""The real engine: vLLM's v1 `AsyncLLM` serving one Hugging Face model directory. vLLM is
+imported lazily, here only; its engine core runs in a spawned process, so the entry point
+needs an `if __name__ == "__main__":` guard (`model_service/__main__.py`)."""
 
 from __future__ import annotations
 
@@ -29,7 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 from model_service.config import EngineConfig
 from model_service.engines import chat_template
 from model_service.engines.base import Engine
-from model_service.engines.vllm_stats import StatsCollector
+from model_service.engines.vllm.stats import StatsCollector
 from model_service.errors import EngineDead, EngineError, InvalidArgument, Overloaded, Unavailable
 from model_service.types import (
     ChatMessage,
@@ -74,10 +61,10 @@ class VllmEngine(Engine):
         self._tokenize_pool = ThreadPoolExecutor(1, thread_name_prefix="sluice-tokenize")
 
     async def start(self) -> None:
-        from model_service.engines.vllm_args import build_engine_args, describe
+        from model_service.engines.vllm.args import build_engine_args, describe
 
         if self.config.vllm.tool_call_parser:  # a wrong name fails the start, not a request
-            from model_service.engines.vllm_tools import parser_class
+            from model_service.engines.vllm.tools import parser_class
 
             parser_class(self.config.vllm.tool_call_parser)
         args = build_engine_args(self.config)
@@ -236,7 +223,7 @@ class VllmEngine(Engine):
         name = self.config.vllm.tool_call_parser
         if not name or self._tokenizer is None:
             return None
-        from model_service.engines.vllm_tools import VllmCallParser
+        from model_service.engines.vllm.tools import VllmCallParser
 
         return VllmCallParser(name, self._tokenizer, request, ids)
 
@@ -291,7 +278,7 @@ class VllmEngine(Engine):
 
 async def _start_llm(args: Any, collector: StatsCollector, config: EngineConfig) -> AsyncLLM:
     """Build the AsyncLLM; a RuntimeError naming the refused option when vLLM will not start."""
-    from model_service.engines.vllm_args import start_error
+    from model_service.engines.vllm.args import start_error
 
     try:
         from vllm.v1.engine.async_llm import AsyncLLM

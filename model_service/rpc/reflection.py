@@ -1,16 +1,7 @@
-"""gRPC server reflection in both versions: `grpc.reflection.v1`, which newer grpcurl,
-Postman and grpc-java ask first, and `grpc.reflection.v1alpha`, the one grpcio-reflection
-1.85 implements (grpc/grpc#38576: no v1 for Python yet).
-
-The v1 protocol is v1alpha under another package name: the same messages with the same
-field numbers, hence the same bytes. So one servicer answers both, registered a second
-time under the v1 name, and the v1 file descriptor, derived from the v1alpha one, joins the
-default pool so that clients can `describe` the v1 service as well.
-
-The contract's own file is served as protoc wrote it with its comments
-(`generated/contract.binpb`, `--include_source_info`), so `grpcurl describe` shows the
-documentation internal callers read; the Python descriptor pool keeps no comments.
-"""
+"""gRPC server reflection, `v1` and `v1alpha`. grpcio-reflection 1.85 implements only
+v1alpha (grpc/grpc#38576), and v1 is the same messages under another package, so one
+servicer answers both; the contract's file is served with its comments
+(`generated/contract.binpb`), which the descriptor pool drops."""
 
 from __future__ import annotations
 
@@ -23,7 +14,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool
 from grpc_reflection.v1alpha import reflection
 from grpc_reflection.v1alpha import reflection_pb2 as v1alpha
 
-DOCUMENTED = Path(__file__).resolve().parents[1] / "generated" / "contract.binpb"
+DOCUMENTED = Path(__file__).resolve().parents[2] / "generated" / "contract.binpb"
 
 V1ALPHA_SERVICE_NAME = reflection.SERVICE_NAME
 V1_PACKAGE = "grpc.reflection.v1"

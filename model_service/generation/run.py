@@ -1,78 +1,29 @@
-"""One generation: it runs in its own task, writes every message to its replay log, and
-any number of consumers follow that log (the original stream, later `Resume` calls).
-
-The log holds each message serialized, exactly once: the newest entry stays a message
-while no consumer has taken it (tokens that are ready together merge into it), and is
-serialized when a consumer takes it or when the next entry is appended. Consumers send
-those bytes as they are, the first time and on every replay.
-
-When the last consumer leaves before the end, the generation is detached: it keeps
-running for its grace period so that a `Resume` can pick it up, then aborts.
-
-A generation knows only what `Runtime` gives it (the engine, its owner's hooks, the
-inter-token histogram): it imports neither the worker core nor the metrics.
-"""
+"""One generation in its own task: the engine loop, its replay log, the consumers that
+follow the log, detaching when the last one leaves before the end, and its outcome."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
 
 from generated import sluice_pb2 as pb
-from model_service import convert
-from model_service.admission import Ticket
-from model_service.engines.base import Engine
+from model_service.engines.base import CallParser
 from model_service.errors import DeadlineExceeded, EngineDead, EngineError, SluiceError
-from model_service.tools import CallParser
+from model_service.generation import messages
+from model_service.generation.log import ReplayLog
+from model_service.generation.runtime import Runtime
+from model_service.intake import tools
+from model_service.intake.admission import Ticket
 from model_service.types import EngineOutput, FinishReason, GenerationRequest, ToolCallDelta
 
 log = logging.getLogger("sluice.worker")
 
 CLIENT_CANCEL = "client"
 DETACH_EXPIRED = "detach-expired"
-# Python's cost of one stored entry beyond its serialized bytes (bytes header + list slot).
-ENTRY_OVERHEAD_BYTES = 41
 
 Listener = Callable[["Generation"], None]
-_MASK64 = (1 << 64) - 1
-
-
-class Hooks(Protocol):
-    """What a generation reports to its owner (the worker core)."""
-
-    def finished(self, gen: Generation) -> None:
-        """Called once, as the generation ends (any reason)."""
-
-    def engine_died(self, err: SluiceError) -> None:
-        """The engine failed for good (EngineDead)."""
-
-    def detach_expired(self, wasted_tokens: int) -> None:
-        """A detached generation was aborted after its grace."""
-
-
-class Observer(Protocol):
-    def observe(self, value: float) -> None: ...
-
-
-class Ledger(Protocol):
-    """Where the sizes of running generations' logs add up (the replay store, for its cap)."""
-
-    live_bytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class Runtime:
-    """What all generations of one worker share."""
-
-    engine: Engine
-    hooks: Hooks
-    itl: Observer  # inter-token gaps, seconds (lock-free: observed per token chunk)
-    ledger: Ledger
 
 
 class Generation:
@@ -82,10 +33,10 @@ class Generation:
     __slots__ = (
         "_cached_tokens", "_cancel_reason", "_choice_tokens", "_completion_tokens",
         "_detach_timer", "_ends", "_first_token_at", "_last_token_at", "_listeners", "_plain",
-        "_prompt_tokens", "_reason", "_rt", "_scheduled_at", "_started", "_tail_text",
-        "_timing", "_tokens_at_detach", "_waiters",
-        "arrived", "detach_grace_s", "ended", "engine_id", "error", "log", "log_bytes",
-        "loop", "parsers", "request", "request_id", "stamp", "subscribers", "task", "ticket",
+        "_prompt_tokens", "_rt", "_scheduled_at", "_started", "_timing", "_tokens_at_detach",
+        "_waiters",
+        "arrived", "detach_grace_s", "ended", "engine_id", "error", "log", "loop", "parsers",
+        "reason", "request", "request_id", "stamp", "subscribers", "task", "ticket",
         "timeout_s", "trace_id",
     )  # fmt: skip
 
@@ -109,17 +60,13 @@ class Generation:
         self.stamp = False
         self.trace_id = ""
         self.task: asyncio.Task[None] | None = None
-        # Serialized messages, except the newest while no consumer has taken it (it may
-        # still grow): protobuf objects cost ~10x their wire size in memory.
-        self.log: list[pb.GenerateResponse | bytes] = []
-        self.log_bytes = 0  # of the serialized entries (what the replay cap counts)
+        self.log = ReplayLog(rt.ledger)
         self.ended = False
         self.error: SluiceError | None = None  # set before the final message is logged
         self.subscribers = 0
         self.loop = asyncio.get_running_loop()  # once: each call is a getpid on Python 3.11
         self._waiters: list[asyncio.Future[None]] = []  # of consumers waiting for a change
         self._listeners: list[Listener] = []
-        self._tail_text: list[str] = []  # text merged into the newest entry, not yet in it
         self._detach_timer: asyncio.TimerHandle | None = None
         self._tokens_at_detach = 0
         self._cancel_reason: str | SluiceError | None = None
@@ -130,7 +77,7 @@ class Generation:
         self._scheduled_at: float | None = None
         self._first_token_at: float | None = None
         self._last_token_at = 0.0
-        self._reason = FinishReason.ERROR
+        self.reason = FinishReason.ERROR  # how it ended (ERROR until its final is logged)
         self._timing: tuple[int, int, int] | None = None  # taken once, at the final
         n = request.sampling.n
         self._choice_tokens = [0] * n  # completion tokens per choice
@@ -144,6 +91,21 @@ class Generation:
     def index(self) -> int:
         """The index the next message will get (= messages so far)."""
         return len(self.log)
+
+    @property
+    def usage(self) -> tuple[int, int, int]:
+        """Tokens so far: prompt, completion (all choices), cached prompt."""
+        return self._prompt_tokens, self._completion_tokens, self._cached_tokens
+
+    @property
+    def timing_us(self) -> tuple[int, int, int]:
+        """Arrival to scheduling, to the first token, to the end (or now), microseconds."""
+        return self._timing or self._timing_us()
+
+    @property
+    def log_bytes(self) -> int:
+        """The log's serialized size (what the replay cap counts)."""
+        return self.log.bytes
 
     # -- consumers ---------------------------------------------------------------------
 
@@ -167,10 +129,7 @@ class Generation:
 
     def take(self, i: int) -> bytes:
         """Entry `i` serialized; from now on nothing merges into it."""
-        entry = self.log[i]
-        if type(entry) is bytes:
-            return entry
-        return self._freeze(i)
+        return self.log.take(i)
 
     def changed(self) -> asyncio.Future[None]:
         """Resolved at the next change (a new entry or the end). One per waiting consumer:
@@ -203,10 +162,7 @@ class Generation:
 
     def cancel(self, reason: str | SluiceError) -> None:
         """End early: CLIENT_CANCEL or DETACH_EXPIRED -> final CANCELLED; an error -> it.
-
-        Only the first cancel counts: a second one must not interrupt the clean-up (the
-        engine abort) that the first one started.
-        """
+        Only the first counts: a second must not interrupt the engine abort it started."""
         if self._cancel_reason is not None or self.ended:
             return
         self._cancel_reason = reason
@@ -227,41 +183,17 @@ class Generation:
 
     # -- producing ---------------------------------------------------------------------
 
-    def _freeze(self, i: int) -> bytes:
-        if self._tail_text:  # only the newest entry is ever unfrozen, so this is it
-            self.log[i].chunk.text += "".join(self._tail_text)  # type: ignore[union-attr]
-            self._tail_text = []
-        raw: bytes = self.log[i].SerializeToString()  # type: ignore[union-attr]
-        self.log[i] = raw
-        size = len(raw) + ENTRY_OVERHEAD_BYTES
-        self.log_bytes += size
-        self._rt.ledger.live_bytes += size
-        return raw
-
     def _append(self, msg: pb.GenerateResponse) -> None:
         if self.stamp:
             msg.worker_time_ns = time.time_ns()
-        log = self.log
-        if log and type(log[-1]) is not bytes:
-            self._freeze(len(log) - 1)  # nothing merges into it any more
-        log.append(msg)
+        self.log.add(msg)
         self._wake()
 
     def _append_tokens(self, out: EngineOutput) -> None:
-        """Add a token delta: merged into the last chunk while no consumer has taken it
-        (tokens that are ready together travel in one message), else a new chunk.
-
-        A merge wakes nobody: no consumer waits on an entry it has not taken yet."""
-        log = self.log
-        if log and not out.logprobs:
-            tail = log[-1]
-            if type(tail) is not bytes and tail.HasField("chunk"):  # type: ignore[union-attr]
-                # Joined once, when the entry is frozen: `chunk.text += part` copies the
-                # whole text each time, quadratic for a client that stopped reading.
-                self._tail_text.append(out.text)
-                tail.chunk.token_ids.extend(out.token_ids)  # type: ignore[union-attr]
-                return
-        self._append(convert.chunk_to_pb(self.request_id, len(log), out))
+        """A token delta, merged into the newest chunk while nobody has taken it, else a
+        new chunk. A merge wakes nobody: no consumer waits on an entry it has not taken."""
+        if out.logprobs or not self.log.merge(out.text, out.token_ids):
+            self._append(messages.chunk_to_pb(self.request_id, len(self.log), out))
 
     def _append_choice(
         self,
@@ -272,45 +204,15 @@ class Generation:
     ) -> None:
         """`_append_tokens` for the other shapes (n > 1, tool calls, usage in chunks):
         plain text still merges into the newest chunk of the same choice."""
-        log = self.log
-        if log and not out.logprobs and not calls and end is None:
-            tail = log[-1]
-            if type(tail) is not bytes and tail.HasField("chunk"):  # type: ignore[union-attr]
-                chunk = tail.chunk  # type: ignore[union-attr]
-                if chunk.choice == choice and not chunk.tool_calls:
-                    self._tail_text.append(out.text)
-                    chunk.token_ids.extend(out.token_ids)
-                    if self.request.stream_usage:
-                        chunk.usage.completion_tokens = self._completion_tokens
-                    return
-        msg = convert.chunk_to_pb(self.request_id, len(log), out, choice, calls)
-        if end is not None:
-            msg.chunk.choice_end.CopyFrom(end)
-        if self.request.stream_usage:
-            u = msg.chunk.usage
-            u.prompt_tokens, u.completion_tokens = self._prompt_tokens, self._completion_tokens
-            u.cached_prompt_tokens = self._cached_tokens
-        self._append(msg)
-
-    def summary(self) -> dict[str, Any]:
-        """The generation's outcome, for metrics and the per-request log record."""
-        queue_us, ttft_us, total_us = self._timing or self._timing_us()
-        if self.error is not None:
-            code = self.error.code.name
-        else:
-            code = "CANCELLED" if self._reason is FinishReason.CANCELLED else "OK"
-        return {
-            "request_id": self.request_id,
-            "trace_id": self.trace_id,
-            "code": code,
-            "reason": self._reason.value,
-            "prompt_tokens": self._prompt_tokens,
-            "completion_tokens": self._completion_tokens,
-            "cached_prompt_tokens": self._cached_tokens,
-            "queue_s": queue_us / 1e6,
-            "ttft_s": ttft_us / 1e6,
-            "total_s": total_us / 1e6,
-        }
+        usage = self.request.stream_usage
+        if not out.logprobs and not calls and end is None:
+            chunk = self.log.merge_choice(out.text, out.token_ids, choice)
+            if chunk is not None:
+                if usage:
+                    chunk.usage.completion_tokens = self._completion_tokens
+                return
+        msg = messages.chunk_to_pb(self.request_id, len(self.log), out, choice, calls)
+        self._append(messages.with_end_and_usage(msg, end, self.usage if usage else None))
 
     def _timing_us(self) -> tuple[int, int, int]:
         now = time.monotonic()
@@ -325,13 +227,13 @@ class Generation:
     def _final(
         self, reason: FinishReason, *, stop: str = "", error: SluiceError | None = None
     ) -> None:
-        self._reason = reason
-        usage = (self._prompt_tokens, self._completion_tokens, self._cached_tokens)
-        timing = self._timing = self._timing_us()
+        self.reason = reason
+        usage, timing = self.usage, self._timing_us()
+        self._timing = timing
         choices = None
         if len(self._ends) > 1 and reason not in (FinishReason.ERROR, FinishReason.CANCELLED):
             choices = [end for end in self._ends if end is not None]
-        msg = convert.final_to_pb(
+        msg = messages.final_to_pb(
             self.request_id,
             self.index,
             reason,
@@ -342,7 +244,7 @@ class Generation:
             choices=choices,
         )
         self._append(msg)
-        self._freeze(len(self.log) - 1)  # a final never grows
+        self.log.close()
 
     async def run(self) -> None:
         """Drive the engine to the end; every outcome ends the log with a final message."""
@@ -360,8 +262,7 @@ class Generation:
             self.error = EngineError("generation cancelled by the worker")
             self._final(FinishReason.ERROR, error=self.error)
         finally:
-            if self.log and type(self.log[-1]) is not bytes:
-                self._freeze(len(self.log) - 1)
+            self.log.close()
             # The log is all that resumes need; drop the prompt (it can be large and the
             # replay cap does not count it).
             self.request.prompt = self.request.messages = self.request.prompt_token_ids = None
@@ -399,13 +300,10 @@ class Generation:
     async def _choices(self, n: int) -> tuple[FinishReason, str]:
         """n > 1: one engine request per choice, each in its own task, all writing to
         this log (choice i samples with seed + i); choice 0's ending is the generation's."""
-        req, sp = self.request, self.request.sampling
-        tasks = []
-        for c in range(n):
-            seed = None if sp.seed is None else (sp.seed + c) & _MASK64
-            child = dataclasses.replace(req, sampling=dataclasses.replace(sp, n=1, seed=seed))
-            engine_id = f"{self.engine_id}/{c}"
-            tasks.append(self.loop.create_task(self._choice(c, child, engine_id)))
+        tasks = [
+            self.loop.create_task(self._choice(c, self.request.choice(c), f"{self.engine_id}/{c}"))
+            for c in range(n)
+        ]
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for task in done:
@@ -439,13 +337,7 @@ class Generation:
                 tokens = self._choice_tokens
                 self._completion_tokens += out.completion_tokens - tokens[c]
                 tokens[c] = out.completion_tokens
-                calls = None
-                if parser is not None:
-                    out.text, calls = parser.feed(out.text, out.token_ids)
-                    if out.finish_reason is not None:
-                        rest, more = parser.end()
-                        out.text += rest
-                        calls += more
+                calls = None if parser is None else tools.feed(parser, out)
                 end = None
                 if out.finish_reason is not None:
                     finished = True
@@ -453,7 +345,7 @@ class Generation:
                     if reason is FinishReason.STOP and parser is not None and parser.called:
                         reason = FinishReason.TOOL_CALLS
                     if len(tokens) > 1:
-                        end = self._ends[c] = convert.choice_end_to_pb(
+                        end = self._ends[c] = messages.choice_end_to_pb(
                             reason, out.stop_sequence, tokens[c]
                         )
                 if out.text or out.token_ids or calls or end is not None:

@@ -1,0 +1,1 @@
+"""The simulated engine (tests, benchmarks): continuous batching without a model."""

@@ -1,0 +1,73 @@
+"""The sim's text: a small vocabulary, a word-level tokenizer, its chat template, a cheap
+seeded sampler, and the stop-string search."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+
+from model_service.types import ToolCall
+
+MASK64 = (1 << 64) - 1
+
+# A small vocabulary; token id = index. Text of a token is " " + word (one leading space).
+VOCAB: tuple[str, ...] = tuple(
+    "the a of to and in is it that was for on are as with his they at be this from "
+    "have or by one had not but what all were when we there can an your which their said "
+    "if do will each about how up out them then she many some so these would other into "
+    "has more her two like him see time could no make than first been its who now people "
+    "my made over did down only way find use may water long little very after words called "
+    "just where most know river stream token model answer Paris light field number sound".split()
+)
+EOS_TOKEN_ID = len(VOCAB)
+_WORD_RE = re.compile(r"\w+|[^\w\s]")
+
+
+def tokenize(text: str) -> list[int]:
+    """A stable word-level tokenizer: each word or punctuation mark is one token."""
+    return [word_id(w) for w in _WORD_RE.findall(text)]
+
+
+@functools.lru_cache(maxsize=65536)
+def word_id(word: str) -> int:
+    return int.from_bytes(hashlib.blake2b(word.encode(), digest_size=2).digest())
+
+
+def chat_template(messages: tuple[tuple[str, str], ...], add_generation_prompt: bool) -> str:
+    """The sim's chat template: `<|role|> content` lines, then `<|assistant|>`."""
+    lines = [f"<|{role}|> {content}" for role, content in messages]
+    if add_generation_prompt:
+        lines.append("<|assistant|>")
+    return "\n".join(lines)
+
+
+class Lcg:
+    """A 64-bit linear congruential generator (Knuth's MMIX constants): the sim's "sampler".
+    Seeding is free, unlike `random.Random`'s (5-11 µs a request)."""
+
+    __slots__ = ("state",)
+
+    def __init__(self, seed: int) -> None:
+        self.state = seed & MASK64
+
+    def below(self, n: int) -> int:
+        self.state = (self.state * 6364136223846793005 + 1442695040888963407) & MASK64
+        return (self.state >> 33) % n
+
+
+def with_calls(content: str, calls: tuple[ToolCall, ...]) -> str:
+    """A message's content with the tool calls it made, as the sim's template writes them."""
+    for call in calls:
+        content += f" <tool_call> {call.name} {call.arguments}"
+    return content
+
+
+def find_stop(text: str, stops: tuple[str, ...], emitted: int) -> tuple[int, str] | None:
+    """Earliest stop string in the not-yet-emitted tail of `text`: (position, string)."""
+    best: tuple[int, str] | None = None
+    for s in stops:
+        pos = text.find(s, max(0, emitted - len(s) + 1))
+        if pos >= 0 and (best is None or pos < best[0]):
+            best = (pos, s)
+    return best

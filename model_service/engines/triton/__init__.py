@@ -1,0 +1,1 @@
+"""An existing Triton server (vLLM backend's model interface) as the engine."""

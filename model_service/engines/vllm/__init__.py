@@ -1,0 +1,1 @@
+"""The vLLM engine: vLLM is imported lazily, here only, so `sim` never loads it."""

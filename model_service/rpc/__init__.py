@@ -1,0 +1,1 @@
+"""The RPC layer: the servicer, the streams that write generations' logs, status mapping."""
