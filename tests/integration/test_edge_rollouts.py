@@ -321,7 +321,7 @@ class WeightWatch:
                 for p in resp.json()["pools"]:
                     if p["name"] == self.pool:
                         self.seen.setdefault(p["weight"], now)
-                self.stop.wait(0.02)
+                self.stop.wait(0.02)  # a sampler's pace: it watches, it waits for nothing
 
     def __enter__(self) -> WeightWatch:
         self._thread.start()
