@@ -16,7 +16,7 @@ Normalized before the comparison, and nothing else:
 - ids: runs of 24 to 32 lowercase hex digits (the request id inside `chatcmpl-`, `cmpl-`,
   `resp_` and `msg_` ids; tool call ids), as `<id-N>`;
 - timestamps: the values of `"created"` and `"created_at"`, as `<time>` (each first
-  checked to be a time within this request).
+  checked to be a second of this test's run).
 N numbers distinct values in order of first appearance, so what was equal stays equal.
 
 `SLUICE_UPDATE_GOLDEN=1` writes the files from this run instead of comparing them (then
