@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,6 +18,8 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tests.waits import eventually
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -74,34 +75,33 @@ def _spawn(
             stderr=subprocess.STDOUT,
             env=full_env,
         )
-    deadline = time.monotonic() + startup_timeout
-    while time.monotonic() < deadline:
+
+    def bound_port() -> int:
         if proc.poll() is not None:
             raise RuntimeError(f"{module} exited with {proc.returncode}:\n{log_path.read_text()}")
-        if port_file.exists() and port_file.read_text().strip():
-            return Proc(proc, int(port_file.read_text()), log_path)
-        time.sleep(0.05)
-    proc.kill()
-    proc.wait(10)
-    raise RuntimeError(
-        f"{module} did not bind a port in {startup_timeout}s:\n{log_path.read_text()}"
-    )
+        text = port_file.read_text().strip() if port_file.exists() else ""
+        return int(text) if text else 0
+
+    try:
+        port = eventually(bound_port, what=f"{module} binds a port", timeout=startup_timeout)
+    except AssertionError as err:
+        proc.kill()
+        proc.wait(10)
+        raise RuntimeError(f"{err}:\n{log_path.read_text()}") from None
+    return Proc(proc, port, log_path)
 
 
 def wait_serving(address: str, timeout: float = 60.0) -> None:
     """Block until the worker's grpc.health.v1 reports SERVING."""
-    deadline = time.monotonic() + timeout
+    serving = health_pb2.HealthCheckResponse.SERVING
     with grpc.insecure_channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < deadline:
-            try:
-                resp = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
-                if resp.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
-            time.sleep(0.05)
-    raise TimeoutError(f"worker at {address} not SERVING after {timeout}s")
+        eventually(
+            lambda: stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0).status == serving,
+            what=f"the worker at {address} is SERVING",
+            timeout=timeout,
+            ignore=(grpc.RpcError,),
+        )
 
 
 def start_worker(

@@ -9,10 +9,11 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from tests.waits import eventually
 
 INSTALL = "scripts/deploy/install_redis.sh"
 
@@ -53,15 +54,18 @@ class RedisServer:
         args += ["--save", "", "--appendonly", "no", "--dir", str(self.dir)]
         with open(self.dir / "log", "ab") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
+        proc = self.proc
+
+        def answers() -> bool:
+            if proc.poll() is not None:
                 raise RuntimeError(f"redis-server exited:\n{(self.dir / 'log').read_text()}")
-            if _ping(self.port):
-                return
-            time.sleep(0.02)
-        self.stop()
-        raise TimeoutError(f"redis-server not answering on {self.port} after {timeout}s")
+            return _ping(self.port)
+
+        try:
+            eventually(answers, what=f"redis-server answers on {self.port}", timeout=timeout)
+        except AssertionError:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         """SIGTERM, wait; SIGKILL if it lingers. Its port is closed when this returns."""

@@ -21,9 +21,10 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.waits import eventually
 
 ROOT = Path(__file__).resolve().parent.parent
 REPO = ROOT / "tests" / "triton_repo"
@@ -140,26 +141,28 @@ def wait_model_ready(triton: Triton, timeout: float = 60.0) -> None:
     import httpx
 
     url = f"http://127.0.0.1:{triton.http_port}/v2/models/{MODEL}/ready"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def ready() -> bool:
         if triton.proc.poll() is not None:
             raise RuntimeError(
                 f"tritonserver exited with {triton.proc.returncode}:\n{triton.log()}"
             )
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    raise TimeoutError(f"Triton model {MODEL} not ready after {timeout}s:\n{triton.log()}")
+        return httpx.get(url, timeout=1).status_code == 200
+
+    eventually(
+        ready,
+        what=f"Triton's model {MODEL} is ready",
+        timeout=timeout,
+        ignore=(httpx.HTTPError,),
+        detail=triton.log,
+    )
 
 
 def wait_event(triton: Triton, line: str, timeout: float = 10.0) -> None:
     """Until the test model has written `line` to its event log."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if line in triton.events():
-            return
-        time.sleep(0.02)
-    raise TimeoutError(f"no {line!r} in Triton's events after {timeout}s: {triton.events()}")
+    eventually(
+        lambda: line in triton.events(),
+        what=f"{line!r} in Triton's events",
+        timeout=timeout,
+        detail=triton.events,
+    )

@@ -29,10 +29,12 @@ from tests.integration.edge_fixtures import (
     worker_stats,
 )
 from tests.procs import Proc, start_edge, start_worker
+from tests.waits import eventually
 
 pytestmark = pytest.mark.chaos
 MESSAGES = [{"role": "user", "content": "Tell me about rivers and the sea."}]
 CHAT = "/v1/chat/completions"
+TOKEN = b'"delta":{"content":'  # in a chat chunk that carries a token (not the role's)
 
 
 @dataclass
@@ -55,10 +57,20 @@ class Outcome:
         return n
 
 
-def stream(base: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> Outcome:
+def stream(
+    base: str,
+    body: dict[str, Any],
+    headers: dict[str, str] | None = None,
+    under_way: threading.Event | None = None,
+) -> Outcome:
+    """One stream to its end; `under_way` is set once its first token arrived."""
     try:
         with httpx.stream("POST", f"{base}{CHAT}", json=body, headers=headers, timeout=60) as r:
-            raw = b"".join(r.iter_raw())
+            raw = b""
+            for part in r.iter_raw():
+                raw += part
+                if under_way is not None and TOKEN in raw:
+                    under_way.set()
             status = r.status_code
     except httpx.HTTPError as err:
         return Outcome(0, [], cut=repr(err))
@@ -125,10 +137,18 @@ def fleet(n_workers: int, worker_args: tuple[str, ...], edge_args: tuple[str, ..
 
 
 def many(base: str, n: int, body: dict[str, Any], during: Any = None) -> list[Outcome]:
-    """`n` concurrent streams; `during()` runs once they are all under way."""
+    """`n` concurrent streams; `during()` runs once they are all under way (each has its
+    first token)."""
+    under_way = [threading.Event() for _ in range(n)]
     with ThreadPoolExecutor(n) as pool:
-        futures = [pool.submit(stream, base, body) for _ in range(n)]
+        futures = [pool.submit(stream, base, body, None, e) for e in under_way]
         if during is not None:
+            eventually(
+                lambda: all(e.is_set() for e in under_way),
+                what=f"all {n} streams under way",
+                timeout=30,
+                detail=lambda: sum(e.is_set() for e in under_way),
+            )
             during()
         return [f.result(timeout=90) for f in futures]
 
@@ -142,8 +162,7 @@ def test_kill_9_a_worker_mid_stream_under_20_streams() -> None:
     with fleet(2, ("--sim-token-delay", "0.02")) as (workers, edges):
         base = f"http://{edges[0].address}"
 
-        def kill() -> None:
-            time.sleep(0.5)  # the streams are under way: chaos strikes mid-stream
+        def kill() -> None:  # the streams are under way: chaos strikes mid-stream
             workers[0].kill()
 
         outcomes = many(base, 20, body, kill)
@@ -156,8 +175,7 @@ def test_sigterm_a_worker_under_20_streams_drains_it_and_the_rest_go_elsewhere()
     with fleet(2, ("--sim-token-delay", "0.02", "--drain-grace", "10")) as (workers, edges):
         base = f"http://{edges[0].address}"
 
-        def term() -> None:
-            time.sleep(0.3)
+        def term() -> None:  # the streams are under way
             workers[0].proc.send_signal(signal.SIGTERM)
 
         outcomes = many(base, 20, body, term)
@@ -177,8 +195,9 @@ def test_kill_9_the_edge_and_resume_every_stream_through_another() -> None:
         wait_ready(f"http://{second.address}")
         heads: list[bytes] = []
         lock = threading.Lock()
+        under_way = [threading.Event() for _ in range(10)]
 
-        def head_of_one() -> None:
+        def head_of_one(got_a_token: threading.Event) -> None:
             with contextlib.suppress(httpx.HTTPError):
                 with httpx.stream(
                     "POST", f"http://{first.address}{CHAT}", json=body, timeout=30
@@ -186,13 +205,15 @@ def test_kill_9_the_edge_and_resume_every_stream_through_another() -> None:
                     raw = b""
                     for part in r.iter_raw():
                         raw += part
+                        if TOKEN in raw:
+                            got_a_token.set()
             with lock:
                 heads.append(raw)
 
-        threads = [threading.Thread(target=head_of_one) for _ in range(10)]
+        threads = [threading.Thread(target=head_of_one, args=(e,)) for e in under_way]
         for t in threads:
             t.start()
-        time.sleep(0.4)
+        eventually(lambda: all(e.is_set() for e in under_way), what="all 10 streams under way")
         first.kill()
         for t in threads:
             t.join(30)
@@ -250,16 +271,14 @@ def test_1000_abort_cycles_free_the_engine_and_keep_memory_flat() -> None:
         with ThreadPoolExecutor(4) as pool:
             list(pool.map(cycles, [225] * 4))
         after = rss_bytes(edges[0].pid)
-        deadline = time.monotonic() + 10
-        while True:
-            stats = httpx.get(f"{base}/metrics", timeout=5).text
-            if "sluice_edge_streams_in_flight 0" in stats:
-                break
-            assert time.monotonic() < deadline, "streams still in flight"
-            time.sleep(0.05)
-        while (st := worker_stats(workers[0].address)).running + st.waiting:
-            assert time.monotonic() < deadline, "the engine still runs aborted generations"
-            time.sleep(0.05)
+        eventually(
+            lambda: "sluice_edge_streams_in_flight 0" in httpx.get(f"{base}/metrics").text,
+            what="no stream in flight at the edge",
+        )
+        eventually(
+            lambda: (st := worker_stats(workers[0].address)).running + st.waiting == 0,
+            what="the engine runs no aborted generation",
+        )
         reference = stream(base, {**body, "max_tokens": 5, "min_tokens": 5})
     print(f"edge RSS {before / 2**20:.1f} -> {after / 2**20:.1f} MiB over 900 aborts")
     assert after - before < 16 * 2**20

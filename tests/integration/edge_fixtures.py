@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import socket
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from edge.stream.ids import ResumeCodec
 from generated import sluice_pb2 as pb
 from generated import sluice_pb2_grpc as pb_grpc
 from tests.procs import Proc, start_edge, start_worker
+from tests.waits import eventually
 
 # Edges started by tests share this resume secret, so tests can check event ids.
 RESUME_SECRET = "integration-test-resume-secret"
@@ -44,15 +44,12 @@ class Stack:
 
 def wait_ready(base: str, timeout: float = 15.0) -> None:
     """Until the edge's /readyz says a worker is SERVING."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.02)
-    raise TimeoutError(f"edge at {base} not ready after {timeout}s")
+    eventually(
+        lambda: httpx.get(f"{base}/readyz", timeout=1).status_code == 200,
+        what=f"the edge at {base} is ready",
+        timeout=timeout,
+        ignore=(httpx.HTTPError,),
+    )
 
 
 @contextmanager

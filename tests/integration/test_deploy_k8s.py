@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import time
 import tomllib
 import urllib.parse
 from pathlib import Path
@@ -32,6 +31,7 @@ from model_service.config import build_parser as worker_parser
 from model_service.config import config_from_args as worker_config
 from scripts.deploy.render_nginx import NginxParams
 from tests.procs import ROOT, start_edge, start_worker
+from tests.waits import eventually
 
 K8S = ROOT / "scripts" / "deploy" / "k8s"
 # Written for 1.31; 1.27 is the oldest supported (native gRPC probes are GA there).
@@ -397,10 +397,12 @@ def test_the_edge_reaches_workers_by_a_dns_target_like_the_manifest(tmp_path: Pa
         edge = start_edge("--worker", f"dns:///localhost:{worker.port}")
         try:
             base = f"http://{edge.address}"
-            deadline = time.monotonic() + 20
-            while httpx.get(base + "/readyz").status_code != 200:
-                assert time.monotonic() < deadline, edge.log()
-                time.sleep(0.05)
+            eventually(
+                lambda: httpx.get(base + "/readyz").status_code == 200,
+                what="the edge is ready",
+                timeout=20,
+                detail=edge.log,
+            )
             body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
             resp = httpx.post(base + "/v1/chat/completions", json=body, timeout=30)
             assert resp.status_code == 200, resp.text

@@ -31,7 +31,9 @@ from tests.integration.edge_fixtures import (
     rss_bytes,
     stack,
     stream_raw,
+    worker_stats,
 )
+from tests.waits import eventually
 
 CHAT = "/v1/chat/completions"
 MESSAGES = [{"role": "user", "content": "Tell a long story."}]
@@ -55,13 +57,17 @@ def abort_delay(s: Stack, sock: socket.socket) -> float:
         assert before.running + before.waiting == 1, before  # the generation is live
         t0 = time.monotonic()
         sock.close()
-        while True:
-            stats = stub.GetStats(pb.GetStatsRequest(), timeout=5)
-            elapsed = time.monotonic() - t0
-            if stats.running + stats.waiting == 0:
-                return elapsed
-            assert elapsed < 5, "the engine request was never aborted"
-            time.sleep(0.001)
+        eventually(
+            lambda: idle(stub.GetStats(pb.GetStatsRequest(), timeout=5)),
+            what="the engine request is aborted",
+            timeout=5,
+            interval=0.001,  # the delay is what is measured: poll finely
+        )
+        return time.monotonic() - t0
+
+
+def idle(stats: pb.WorkerStats) -> bool:
+    return stats.running + stats.waiting == 0
 
 
 # -- a long prefill ---------------------------------------------------------------------
@@ -136,10 +142,12 @@ def test_disconnect_of_a_non_streaming_request_aborts_too(decode: Stack) -> None
     sock = raw_request(addr(decode), CHAT, chat_body(max_tokens=1000, min_tokens=1000))
     with grpc.insecure_channel(decode.worker.address) as channel:
         stub = pb_grpc.GenerationStub(channel)
-        deadline = time.monotonic() + 5
-        while stub.GetStats(pb.GetStatsRequest(), timeout=5).running == 0:
-            assert time.monotonic() < deadline
-            time.sleep(0.005)
+        eventually(
+            lambda: stub.GetStats(pb.GetStatsRequest(), timeout=5).running,
+            what="the generation runs on the worker",
+            timeout=5,
+            interval=0.005,
+        )
     delay = abort_delay(decode, sock)
     print(f"disconnect -> abort (non-streaming): {delay * 1000:.1f} ms")
     assert delay < ABORT_BUDGET_S
@@ -184,7 +192,13 @@ def test_slow_reader_does_not_slow_a_fast_one_or_grow_memory(firehose: Stack) ->
     slow = raw_request(addr(firehose), CHAT, slow_body, 4096)
     try:
         head = read_until(slow, b"data: {", count=2)
-        time.sleep(1.5)  # the worker has generated most of it by now
+        # The worker generates on into its log while the edge holds back: wait until it
+        # has made all of it, so the edge had every chance to buffer what it should not.
+        eventually(
+            lambda: idle(worker_stats(firehose.worker.address)),
+            what="the worker generated all 200k tokens",
+            timeout=60,
+        )
         rss_stalled = rss_bytes(firehose.edge.pid)
         elapsed, got = timed_stream(firehose, fast_body)
         rss_later = rss_bytes(firehose.edge.pid)
@@ -214,7 +228,11 @@ def test_slow_reader_gets_merged_events_with_the_exact_text(firehose: Stack) -> 
     body = chat_body(max_tokens=n, min_tokens=n, ignore_eos=True, stream=True)
     sock = raw_request(addr(firehose), CHAT, body, 4096)
     try:
-        time.sleep(0.5)  # fall behind
+        eventually(  # fall behind: the whole generation is made before a byte is read
+            lambda: idle(worker_stats(firehose.worker.address)),
+            what="the worker generated every token",
+            timeout=30,
+        )
         raw = read_to_end(sock)
     finally:
         sock.close()

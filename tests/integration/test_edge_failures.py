@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +21,7 @@ from tests.integration.edge_fixtures import (
     stack,
     worker_stats,
 )
+from tests.waits import eventually
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
 CHAT = "/v1/chat/completions"
@@ -161,10 +161,11 @@ def test_worker_killed_mid_stream_ends_with_error_event() -> None:
         assert len(events) > 4  # it did stream before the worker died
         # The edge itself stays up; it is no longer ready.
         assert httpx.get(f"{s.base}/healthz").status_code == 200
-        deadline = time.monotonic() + 5
-        while httpx.get(f"{s.base}/readyz").status_code != 503:
-            assert time.monotonic() < deadline, "edge still ready with its only worker dead"
-            time.sleep(0.05)
+        eventually(
+            lambda: httpx.get(f"{s.base}/readyz").status_code == 503,
+            what="the edge not ready with its only worker dead",
+            timeout=5,
+        )
         resp = httpx.post(f"{s.base}{CHAT}", json=body(), timeout=10)
         assert resp.status_code == 503 and "retry-after" in resp.headers
         assert s.edge.proc.poll() is None

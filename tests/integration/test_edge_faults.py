@@ -33,6 +33,7 @@ from tests.integration.edge_fixtures import (
     wait_ready,
 )
 from tests.procs import start_edge, start_worker
+from tests.waits import eventually
 
 MESSAGES = [{"role": "user", "content": "Tell me about rivers and the sea."}]
 
@@ -112,13 +113,6 @@ def test_another_keys_event_id_is_refused_and_a_changed_body_too(tenants: Stack)
 # -- 4: a client that sends part of its body and leaves ---------------------------------
 
 
-def _wait_for(cond: Any, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
-
-
 def test_a_client_leaving_mid_body_is_a_disconnect_not_a_500(slow_prefill: Stack) -> None:
     s = slow_prefill
     route = 'route="/v1/chat/completions"'
@@ -130,7 +124,10 @@ def test_a_client_leaving_mid_body_is_a_disconnect_not_a_500(slow_prefill: Stack
     )
     sock.close()
     key = "sluice_edge_client_disconnects_total"
-    _wait_for(lambda: metric(s.base, key, "{" + route + "}") == before + 1)
+    eventually(
+        lambda: metric(s.base, key, "{" + route + "}") == before + 1,
+        what="the edge counted the client's disconnect",
+    )
     text = httpx.get(f"{s.base}/metrics", timeout=5).text
     assert 'status="500"' not in text
     assert "Traceback" not in s.edge.log()
@@ -346,7 +343,11 @@ def test_detached_streams_hold_their_keys_slots_until_read_or_expired(
     assert create().status_code == 201
     assert create().status_code == 429  # the unread second one still holds its slot ...
     # ... until the stream grace runs out with nobody reading it.
-    _wait_for(lambda: create().status_code == 201, timeout=6.0)
+    eventually(
+        lambda: create().status_code == 201,
+        what="the unread stream's slot freed after its grace",
+        timeout=6.0,
+    )
 
 
 def test_a_pipelined_request_after_a_large_body_is_not_taken_for_a_large_head(

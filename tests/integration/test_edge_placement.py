@@ -6,7 +6,6 @@ as they push it; the edge renders prompts to tokens for token-aware routers in f
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,6 +18,7 @@ from generated import sluice_pb2 as pb
 from generated import sluice_pb2_grpc as pb_grpc
 from tests.integration.edge_fixtures import EDGE_ENV, wait_ready
 from tests.procs import Proc, start_edge, start_worker
+from tests.waits import eventually
 
 ADMIN_KEY = "placement-admin-key"
 WORKER_ARGS = ("--engine", "sim", "--sim-ttft", "0.005", "--sim-token-delay", "0.01",
@@ -82,13 +82,14 @@ def test_the_edge_sees_the_workers_pushed_load(edge: tuple[Proc, list[Proc]]) ->
     proc, workers = edge
     admin = {"authorization": f"Bearer {ADMIN_KEY}"}
     base = f"http://{proc.address}"
-    deadline = time.monotonic() + 5
-    while True:
+
+    def reporting() -> dict | None:
         pool = httpx.get(f"{base}/admin/pools", headers=admin, timeout=5).json()["pools"][0]
         reported = [w["reported"] for w in pool["workers"]]
-        if all(r and r["kv_cache_tokens"] > 0 for r in reported) or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
+        return pool if all(r and r["kv_cache_tokens"] > 0 for r in reported) else None
+
+    pool = eventually(reporting, what="every worker pushed its load", timeout=5)
+    reported = [w["reported"] for w in pool["workers"]]
     assert pool["policy"] == "cache_aware"
     assert all(r and r["kv_cache_tokens"] > 0 and r["max_running"] > 0 for r in reported)
     metrics = httpx.get(f"{base}/metrics", headers=admin, timeout=5).text

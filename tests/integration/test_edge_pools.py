@@ -32,6 +32,7 @@ import pytest
 
 from tests.integration.edge_fixtures import CODEC, EDGE_ENV, wait_ready, worker_stats
 from tests.procs import ROOT, Proc, start_edge, start_worker, wait_serving
+from tests.waits import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -108,9 +109,11 @@ class Fleet:
     def wait_routable(self, address: str, routable: bool = True, limit: float = 10.0) -> float:
         """Seconds until the edge reports the worker (not) routable."""
         t0 = time.monotonic()
-        while self.worker_info(address)["routable"] != routable:
-            assert time.monotonic() - t0 < limit, f"{address} routable != {routable}"
-            time.sleep(0.01)
+        eventually(
+            lambda: self.worker_info(address)["routable"] == routable,
+            what=f"{address} routable is {routable}",
+            timeout=limit,
+        )
         return time.monotonic() - t0
 
     def kill(self, address: str) -> None:
@@ -376,10 +379,11 @@ def test_a_killed_worker_is_out_within_a_second_and_requests_keep_succeeding(
     for t in threads:
         t.start()
     try:
-        time.sleep(0.3)
+        eventually(lambda: served.count(victim_key) >= 4, what="the load runs on the victim")
         fleet.kill(victim)
         out_after = fleet.wait_routable(victim, routable=False, limit=5)
-        time.sleep(0.5)
+        more = max(len(statuses) + 20, 41)
+        eventually(lambda: len(statuses) >= more, what="20 requests more once it is out")
     finally:
         stop.set()
         for t in threads:
@@ -526,14 +530,8 @@ def test_rolling_restart_of_two_workers_under_load_loses_nothing(fleet: Fleet) -
     for t in threads:
         t.start()
 
-    def wait_until(check: Callable[[], bool], timeout: float = 15.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not check():
-            assert time.monotonic() < deadline, "condition not met in time"
-            time.sleep(0.02)
-
     try:
-        wait_until(lambda: len(results) >= 6)  # the load is running on both workers
+        eventually(lambda: len(results) >= 6, what="the load runs on both workers", timeout=15)
         script = subprocess.run(
             [
                 sys.executable,
@@ -561,7 +559,11 @@ def test_rolling_restart_of_two_workers_under_load_loses_nothing(fleet: Fleet) -
             fleet.pids[r["address"]] = r["new_pid"]
         during = len(results)
         # The load goes on until the restarted worker has served some of it.
-        wait_until(lambda: worker_stats(w2).finished_total > 0)
+        eventually(
+            lambda: worker_stats(w2).finished_total > 0,
+            what="the restarted worker served some of the load",
+            timeout=15,
+        )
     finally:
         stop.set()
         for t in threads:

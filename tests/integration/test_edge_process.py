@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import signal
 import threading
-import time
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.integration.edge_fixtures import chat_text, chunks, parse_sse, stream_raw, wait_ready
+from tests.integration.edge_fixtures import chat_text, chunks, parse_sse, wait_ready
 from tests.procs import start_edge, worker
 
 BODY = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 60, "min_tokens": 60}
@@ -24,15 +23,21 @@ def test_sigterm_lets_the_in_flight_stream_finish_then_exits_0() -> None:
             base = f"http://{edge.address}"
             wait_ready(base)
             result: dict[str, Any] = {}
+            under_way = threading.Event()
 
             def run() -> None:
-                result["resp"], result["raw"] = stream_raw(
-                    base, "/v1/chat/completions", {**BODY, "stream": True}
-                )
+                url, body = f"{base}/v1/chat/completions", {**BODY, "stream": True}
+                with httpx.stream("POST", url, json=body, timeout=60) as r:
+                    raw = b""
+                    for part in r.iter_raw():
+                        raw += part
+                        if raw.count(b"\ndata: {") >= 2:  # the role chunk and a token
+                            under_way.set()
+                result["raw"] = raw
 
             reader = threading.Thread(target=run)
             reader.start()
-            time.sleep(0.2)  # the stream is under way (60 tokens take ~0.6 s)
+            assert under_way.wait(15), "the stream never got under way"
             edge.proc.send_signal(signal.SIGTERM)
             reader.join(15)
             assert edge.proc.wait(15) == 0

@@ -6,7 +6,6 @@ Real processes: a sim worker and an edge (and, for the replica test, a second ed
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,8 +13,9 @@ import httpx
 import orjson
 import pytest
 
-from tests.integration.edge_fixtures import CODEC, EDGE_ENV, Stack, stack, wait_ready
+from tests.integration.edge_fixtures import CODEC, EDGE_ENV, Stack, stack, wait_ready, worker_stats
 from tests.procs import start_edge
+from tests.waits import eventually
 
 MESSAGES = [{"role": "user", "content": "Tell me about rivers and the sea."}]
 GREEDY = {"temperature": 0}
@@ -103,8 +103,16 @@ def test_openai_stream_resumes_exactly_after_k_events(sim: Stack, sampling, k) -
 
 def test_resume_after_the_end_replays_the_tail(sim: Stack) -> None:
     _, reference = read_events("POST", chat_url(sim), json=body(GREEDY))
+    finished = worker_stats(sim.worker.address).finished_total  # the reference's included
     _, head = read_events("POST", chat_url(sim), json=body(GREEDY), limit=3)
-    time.sleep(1.0)  # the generation finishes meanwhile (40 tokens at 10 ms)
+
+    def ended() -> bool:
+        stats = worker_stats(sim.worker.address)
+        return stats.finished_total > finished and stats.running + stats.waiting == 0
+
+    # The dropped generation runs on to its end (its detach grace): resume only once it
+    # ended, so the tail comes from the finished log, never by following it live.
+    eventually(ended, what="the dropped generation ended on the worker")
     _, tail = read_events(
         "POST", chat_url(sim), json=body(GREEDY), headers={"Last-Event-ID": head[-1]["id"]}
     )
@@ -183,7 +191,10 @@ def test_resume_after_the_log_expired_is_410() -> None:
         ("--retry-ms", "200"),
     ) as s:
         _, events = read_events("POST", chat_url(s), json=body(GREEDY), limit=3)
-        time.sleep(0.8)
+        eventually(
+            lambda: worker_stats(s.worker.address).replay_generations == 0,
+            what="the generation ended and its replay log expired (0.3 s retention)",
+        )
         resp = httpx.post(
             chat_url(s), json=body(GREEDY), headers={"Last-Event-ID": events[-1]["id"]}
         )

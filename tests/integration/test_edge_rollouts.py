@@ -29,6 +29,7 @@ import pytest
 
 from tests.integration.edge_fixtures import EDGE_ENV, parse_sse, wait_ready
 from tests.procs import ROOT, Proc, start_edge, start_worker
+from tests.waits import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -76,10 +77,11 @@ class Fleet:
             spec = {"name": name, "weight": weight, "workers": workers}
             resp = self.admin("POST", "/pools", json=spec)
             assert resp.status_code == 201, resp.text
-        deadline = time.monotonic() + 10
-        while not all(w["routable"] for p in self.pools().values() for w in p["workers"]):
-            assert time.monotonic() < deadline, self.pools()
-            time.sleep(0.02)
+        eventually(
+            lambda: all(w["routable"] for p in self.pools().values() for w in p["workers"]),
+            what="every worker routable",
+            detail=self.pools,
+        )
         return stable, canary
 
     def rollout(self, rid: str) -> dict[str, Any]:
@@ -88,11 +90,14 @@ class Fleet:
         return dict(resp.json())
 
     def wait_rollout(self, rid: str, states: set[str], limit: float = 60) -> dict[str, Any]:
-        deadline = time.monotonic() + limit
-        while (r := self.rollout(rid))["state"] not in states:
-            assert time.monotonic() < deadline, r
-            time.sleep(0.05)
-        return r
+        def reached() -> dict[str, Any] | None:
+            r = self.rollout(rid)
+            return r if r["state"] in states else None
+
+        what = f"rollout {rid} {' or '.join(sorted(states))}"
+        return eventually(
+            reached, what=what, timeout=limit, interval=0.05, detail=lambda: self.rollout(rid)
+        )
 
     def metric(self, name: str, labels: str) -> float:
         text = self.client.get(f"{self.base}/metrics", headers=AUTH).text
@@ -316,7 +321,7 @@ class WeightWatch:
                 for p in resp.json()["pools"]:
                     if p["name"] == self.pool:
                         self.seen.setdefault(p["weight"], now)
-                self.stop.wait(0.02)
+                self.stop.wait(0.02)  # a sampler's pace: it watches, it waits for nothing
 
     def __enter__(self) -> WeightWatch:
         self._thread.start()
@@ -419,16 +424,23 @@ def test_a_canary_failing_mid_plan_is_rolled_back_within_one_window(
             resp = fleet.admin("POST", "/rollouts", json=plan)
             assert resp.status_code == 201, resp.text
             rid = resp.json()["id"]
-            deadline = time.monotonic() + 30
-            while fleet.rollout(rid)["percent"] < 50:
-                assert time.monotonic() < deadline, fleet.rollout(rid)
-                time.sleep(0.02)
+            eventually(
+                lambda: fleet.rollout(rid)["percent"] >= 50,
+                what="the rollout at 50 %",
+                timeout=30,
+                detail=lambda: fleet.rollout(rid),
+            )
             broke_at = time.time()
             fleet.faults.write_text(json.dumps(fault))
             done = fleet.wait_rollout(rid, {"rolled_back", "finished", "aborted"}, limit=30)
-            settled = time.time()
-            while time.time() < settled + 0.5:  # load goes on after the rollback
-                time.sleep(0.05)
+            rolled_at = done["history"][-1]["at"]
+            eventually(  # the load goes on after the rollback
+                lambda: (
+                    sum(t.started > rolled_at + 0.05 for t in sampled.all_turns + seeded.all_turns)
+                    >= 6
+                ),
+                what="six turns started after the rollback, done",
+            )
     fleet.faults.write_text("{}")
     assert done["state"] == "rolled_back", done
     assert any(w in done["reason"] for w in why), done["reason"]

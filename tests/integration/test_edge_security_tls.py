@@ -8,7 +8,6 @@ The worker's certificate names only `worker.sluice.internal`, so the edges reach
 from __future__ import annotations
 
 import socket
-import time
 from pathlib import Path
 
 import httpx
@@ -17,6 +16,7 @@ import trustme
 
 from tests.integration.edge_fixtures import EDGE_ENV, chat_text, chunks, parse_sse, wait_ready
 from tests.procs import start_edge, start_worker, wait_serving
+from tests.waits import eventually
 
 NAME = "worker.sluice.internal"
 
@@ -58,6 +58,7 @@ def test_edges_reach_an_mtls_worker_only_with_a_certificate_from_its_ca(tmp_path
         for args in ((*name, *cert), name, (*name, *stranger), cert):
             edges.append(start_edge(*ca_args, *args, env=EDGE_ENV))
         good, *refused = (f"http://{e.address}" for e in edges)
+        bases = dict(zip(refused, edges[1:], strict=True))
 
         wait_ready(good)
         req = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stream": True}
@@ -73,8 +74,11 @@ def test_edges_reach_an_mtls_worker_only_with_a_certificate_from_its_ca(tmp_path
 
         # Without a client certificate, with one from another CA, or verifying the wrong
         # name, the handshake fails: the worker never becomes SERVING for those edges.
-        time.sleep(1.0)  # several health-watch attempts (backoff starts at 50 ms)
         for base in refused:
+            eventually(  # its health watch was tried, and failed
+                lambda e=bases[base]: f"worker {worker.address}: UNREACHABLE" in e.log(),
+                what=f"the edge at {base} tried the worker's health watch and failed",
+            )
             ready = httpx.get(f"{base}/readyz", timeout=5)
             assert ready.status_code == 503
             assert ready.json()["workers"][0]["serving"] is False

@@ -23,6 +23,7 @@ import pytest
 from tests.integration.edge_fixtures import EDGE_ENV, wait_ready
 from tests.procs import Proc, start_edge, start_worker
 from tests.redis_proc import RedisServer, redis_server
+from tests.waits import eventually, eventually_async
 
 pytestmark = pytest.mark.slow
 
@@ -142,18 +143,19 @@ async def test_a_stream_limit_holds_across_replicas_detached_streams_included(tw
         assert detached.status_code == 429
     # Both streams left (the client went away: their slots free up); two browser streams,
     # one made on each replica, hold both slots while they run detached.
-    deadline = time.monotonic() + 5
-    made = 0
     async with httpx.AsyncClient(timeout=10) as client:
-        while made < 2:
-            base = (b, a)[made]
-            r = await client.post(f"{base}/v1/streams", json=chat(100, ignore_eos=True), headers=h)
-            if r.status_code == 201:
-                made += 1
-                continue
-            assert r.json()["error"]["code"] == "concurrency_limit_exceeded"
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.05)
+        for base in (b, a):
+
+            async def made(base: str = base) -> bool:
+                body = chat(100, ignore_eos=True)
+                r = await client.post(f"{base}/v1/streams", json=body, headers=h)
+                if r.status_code != 201:
+                    assert r.json()["error"]["code"] == "concurrency_limit_exceeded"
+                return r.status_code == 201
+
+            await eventually_async(
+                made, what=f"a browser stream made on {base}", timeout=5, interval=0.05
+            )
         for base in (a, b):
             refused = await client.post(f"{base}/v1/chat/completions", json=chat(5), headers=h)
             assert refused.status_code == 429
@@ -188,15 +190,17 @@ async def test_a_generation_settles_its_reservation_with_its_usage(two):
         )
         assert first.status_code == 200
         assert first.json()["usage"]["completion_tokens"] < 100
-        deadline = time.monotonic() + 2  # without the settlement: ~50 s of refill
-        while True:
+
+        async def admitted() -> bool:
             again = await client.post(
                 f"{b}/v1/chat/completions", json=chat(550, stream=False), headers=h
             )
-            if again.status_code == 200:
-                break
-            assert again.status_code == 429 and time.monotonic() < deadline
-            await asyncio.sleep(0.05)
+            assert again.status_code in (200, 429)
+            return again.status_code == 200
+
+        await eventually_async(  # without the settlement: ~50 s of refill
+            admitted, what="the settled tokens admit another", timeout=2, interval=0.05
+        )
 
 
 class Load(threading.Thread):
@@ -229,10 +233,11 @@ class Load(threading.Thread):
 
 
 def wait_phase(load: Load, phase: str, count: int, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while sum(load.seen.get(phase, Counter()).values()) < count:
-        assert time.monotonic() < deadline, f"no load in phase {phase}"
-        time.sleep(0.01)
+    eventually(
+        lambda: sum(load.seen.get(phase, Counter()).values()) >= count,
+        what=f"{count} requests in phase {phase}",
+        timeout=timeout,
+    )
 
 
 def streams_shared(bases: list[str], key: str) -> bool:
@@ -286,15 +291,18 @@ def test_redis_stopped_mid_load_fails_open_then_limits_hold_again(two):
     assert statuses <= {200, 429}, load.seen  # never a 5xx
     assert load.seen["down"][200] > 0  # open: admitted by local limits meanwhile
     assert load.retry_after_missing == 0
+
     # The canary judges fell back to each process's own windows, then came back.
-    deadline = time.monotonic() + 2
-    while True:
-        logs = "".join(e.log() for e in two.edges)
-        if "judging by the fleet's windows" in logs:
-            break
-        assert time.monotonic() < deadline, "fleet windows not back within 2 s"
-        time.sleep(0.05)
-    assert "judging by this process's windows" in logs
+    def logs() -> str:
+        return "".join(e.log() for e in two.edges)
+
+    eventually(
+        lambda: "judging by the fleet's windows" in logs(),
+        what="the canary judges on the fleet's windows again",
+        timeout=2,
+        interval=0.05,
+    )
+    assert "judging by this process's windows" in logs()
 
 
 def test_redis_stopped_fails_closed_with_503_then_recovers():
@@ -308,11 +316,11 @@ def test_redis_stopped_fails_closed_with_503_then_recovers():
             wait_phase(load, "down", 20)
             load.phase = "back"
             f.redis.start()
-            t_up = time.monotonic()
-            deadline = t_up + 2
-            while load.seen.get("back", Counter())[200] == 0:
-                assert time.monotonic() < deadline, "not admitting again within 2 s"
-                time.sleep(0.01)
+            eventually(
+                lambda: load.seen.get("back", Counter())[200],
+                what="admitting again",
+                timeout=2,
+            )
         finally:
             load.stop.set()
             load.join(30)
@@ -338,15 +346,18 @@ def test_an_admin_change_on_one_replica_steers_the_others_within_a_second(two):
     with httpx.Client(timeout=5, headers=admin) as c:
         spec = {"name": "v2", "version": "2", "weight": 0, "workers": [two.spare.address]}
         assert c.post(f"{a}/admin/pools", json=spec).status_code == 201
-        deadline = time.monotonic() + 10
-        while not c.get(f"{b}/readyz").is_success or not any(
-            w["status"] == "SERVING"
-            for p in c.get(f"{b}/admin/pools").json()["pools"]
-            if p["name"] == "v2"
-            for w in p["workers"]
-        ):
-            assert time.monotonic() < deadline, "the new pool never reached replica B"
-            time.sleep(0.02)
+        eventually(
+            lambda: (
+                c.get(f"{b}/readyz").is_success
+                and any(
+                    w["status"] == "SERVING"
+                    for p in c.get(f"{b}/admin/pools").json()["pools"]
+                    if p["name"] == "v2"
+                    for w in p["workers"]
+                )
+            ),
+            what="the new pool reached replica B, its worker SERVING",
+        )
         assert c.put(f"{a}/admin/pools/default/weight", json={"weight": 0}).status_code == 200
         t0 = time.monotonic()
         assert c.put(f"{a}/admin/pools/v2/weight", json={"weight": 1}).status_code == 200
@@ -384,10 +395,12 @@ def test_metrics_of_a_replica_add_up_over_its_processes(two):
     with httpx.Client(limits=httpx.Limits(max_keepalive_connections=0), timeout=5) as c:
         for _ in range(12):  # new connections: both processes take some
             assert c.get(f"{a}/health").status_code == 200  # a route no other test calls
-    deadline = time.monotonic() + 3  # the other process writes its figures every 0.5 s
-    while requests_counted(a) < before + 12:
-        assert time.monotonic() < deadline, (before, requests_counted(a))
-        time.sleep(0.05)
+    eventually(  # the other process writes its figures every 0.5 s
+        lambda: requests_counted(a) >= before + 12,
+        what="both processes' requests counted",
+        timeout=3,
+        interval=0.05,
+    )
     assert requests_counted(a) == before + 12
 
 
@@ -417,15 +430,15 @@ def test_a_canary_rolled_back_by_one_process_drops_to_0_on_every_replica(two):
         }
         with httpx.Client(timeout=5) as c:  # one connection: one process of replica A
             assert c.post(f"{a}/admin/pools", json=spec, headers=admin).status_code == 201
-            deadline = time.monotonic() + 10
-            while not any(
-                w["status"] == "SERVING"
-                for p in c.get(f"{a}/admin/pools", headers=admin).json()["pools"]
-                if p["name"] == "broken"
-                for w in p["workers"]
-            ):
-                assert time.monotonic() < deadline, "the canary's worker never served"
-                time.sleep(0.02)
+            eventually(
+                lambda: any(
+                    w["status"] == "SERVING"
+                    for p in c.get(f"{a}/admin/pools", headers=admin).json()["pools"]
+                    if p["name"] == "broken"
+                    for w in p["workers"]
+                ),
+                what="the canary's worker SERVING",
+            )
             deadline = time.monotonic() + 20
             codes: Counter[int] = Counter()
             while True:
@@ -442,8 +455,8 @@ def test_a_canary_rolled_back_by_one_process_drops_to_0_on_every_replica(two):
                 r = c.post(f"{a}/v1/chat/completions", json=long_prompt, headers=new_session)
                 codes[r.status_code] += 1
                 assert r.status_code in (200, 400, 429), r.text
-                if r.status_code == 429:  # the key's rate: as the server says
-                    time.sleep(float(r.headers["retry-after"]))
+                if r.status_code == 429:  # the key's rate: wait as the server says
+                    time.sleep(float(r.headers["retry-after"]))  # a client's behaviour
             t0 = time.monotonic()
         while True:
             seen = [p for base in (a, b) for p in pools_seen(base)]
@@ -469,14 +482,17 @@ def every_process(base: str, name: str) -> list[dict[str, object]]:
 
 
 def wait_everywhere(two: Fleet, name: str, ok: Callable[[dict], bool], limit: float) -> list:
-    deadline = time.monotonic() + limit
-    while True:
-        seen = [p for base in two.bases for p in every_process(base, name)]
-        if all(ok(p) for p in seen):
-            return seen
-        brief = [{k: p.get(k) for k in ("weight", "window", "fleet_window")} for p in seen]
-        assert time.monotonic() < deadline, brief
-        time.sleep(0.02)
+    """Pool `name` as every process of both replicas sees it, once `ok` for all."""
+
+    def seen() -> list:
+        pools = [p for base in two.bases for p in every_process(base, name)]
+        return pools if all(ok(p) for p in pools) else []
+
+    def brief() -> list:
+        pools = [p for base in two.bases for p in every_process(base, name)]
+        return [{k: p.get(k) for k in ("weight", "window", "fleet_window")} for p in pools]
+
+    return eventually(seen, what=f"pool {name} as wanted everywhere", timeout=limit, detail=brief)
 
 
 def serving(p: dict) -> bool:
@@ -585,12 +601,12 @@ def weights_everywhere(bases: list[str], names: tuple[str, ...]) -> list[tuple]:
 
 
 def wait_weights(bases: list[str], names: tuple[str, ...], want: tuple, limit: float) -> None:
-    deadline = time.monotonic() + limit
-    while True:
-        seen = weights_everywhere(bases, names)
-        if all(s == want for s in seen):
-            return
-        assert time.monotonic() < deadline, (want, seen)
+    eventually(
+        lambda: all(s == want for s in weights_everywhere(bases, names)),
+        what=f"weights {want} everywhere",
+        timeout=limit,
+        detail=lambda: weights_everywhere(bases, names),
+    )
 
 
 def rollout_everywhere(bases: list[str], path: str) -> list[dict]:
@@ -637,10 +653,11 @@ def test_a_rollout_started_on_one_replica_drives_the_fleet_and_stops_everywhere_
             again = c.post(f"{b}/admin/rollouts", json=plan)  # one at a time, fleet-wide
             assert (again.status_code, again.json()["error"]["code"]) == (409, "conflict")
             for step, pct in enumerate(plan["steps"]):
-                deadline = time.monotonic() + 20
-                while c.get(f"{a}/admin/rollouts/{rid}").json()["step"] != step:
-                    assert time.monotonic() < deadline, f"step {step} never came"
-                    time.sleep(0.02)
+                eventually(
+                    lambda s=step: c.get(f"{a}/admin/rollouts/{rid}").json()["step"] == s,
+                    what=f"step {step}",
+                    timeout=20,
+                )
                 wait_weights([b], names, ((100 - pct, None), (pct, None)), 1.0)
             aborted = c.post(f"{b}/admin/rollouts/{rid}/abort")
             assert aborted.status_code == 200 and aborted.json()["state"] == "aborted"
@@ -649,11 +666,15 @@ def test_a_rollout_started_on_one_replica_drives_the_fleet_and_stops_everywhere_
         assert all(r == seen[0] for r in seen), seen  # every process answers the same
         events = [(e["event"], e["step"]) for e in seen[0]["history"]]
         assert events == [("started", 0), ("advanced", 0), ("advanced", 1), ("aborted", 2)]
-        deadline = time.monotonic() + 1.0  # the owner lets the lease go at its next check
-        while {(x["active"], x["owner"]) for x in rollout_everywhere(two.bases, "")} != {
-            (None, None)
-        }:
-            assert time.monotonic() < deadline, rollout_everywhere(two.bases, "")
+        eventually(  # the owner lets the lease go at its next check
+            lambda: (
+                {(x["active"], x["owner"]) for x in rollout_everywhere(two.bases, "")}
+                == {(None, None)}
+            ),
+            what="no active rollout, no owner, everywhere",
+            timeout=1.0,
+            detail=lambda: rollout_everywhere(two.bases, ""),
+        )
     finally:
         traffic.stop.set()
         traffic.join(30)

@@ -23,6 +23,7 @@ from edge.store.rollouts import RolloutBoard
 from edge.upstream.channel import ChannelFactory
 from edge.upstream.worker import SERVING
 from tests.redis_proc import redis_server
+from tests.waits import eventually_async
 
 
 @dataclass
@@ -61,13 +62,6 @@ async def processes(url: str, prefix: str, n: int) -> AsyncIterator[list[Process
             await c.close()
 
 
-async def until(condition, limit: float = 5.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + limit
-    while not condition():
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.01)
-
-
 def feed(p: Process, n: int = 3) -> None:
     for _ in range(n):
         p.registry.pool_metrics("v2").outcome("ok", 0.01)
@@ -79,32 +73,47 @@ async def test_one_owner_runs_the_plan_and_another_takes_over_when_its_lease_lap
         async with processes(srv.url, request.node.name, 2) as (a, b):
             plan = parse_plan({"canary": "v2", "steps": [25, 50, 100], "hold_s": 0.2,
                                "analysis": {"min_samples": 1}})  # fmt: skip
+            t_begin = time.monotonic()
             started = await b.rollouts.begin(plan)  # through B
             rid = started["id"]
             assert started["step"] == 0
-            await until(lambda: a.weights() == {"v1": 75, "v2": 25})  # published
+            await eventually_async(
+                lambda: a.weights() == {"v1": 75, "v2": 25}, what="step 0 published to A"
+            )
             await a.rollouts.check()  # A checks first: the lease is A's
             await b.rollouts.check()
             assert (a.rollouts.owner, b.rollouts.owner) == (True, False)
             feed(a)
-            await asyncio.sleep(0.25)  # the step's hold (the plan's own clock)
-            await a.rollouts.check()
-            assert (await b.rollouts.one(rid))["step"] == 1
-            await until(lambda: b.weights() == {"v1": 50, "v2": 50})
+
+            async def advanced_by_a() -> bool:
+                await a.rollouts.check()
+                return bool((await b.rollouts.one(rid))["step"] == 1)
+
+            await eventually_async(advanced_by_a, what="A advances the plan after the hold")
+            assert time.monotonic() - t_begin >= 0.2  # not before the step's hold
+            await eventually_async(
+                lambda: b.weights() == {"v1": 50, "v2": 50}, what="step 1 published to B"
+            )
             # A stops (a dead process renews nothing); B takes over once the lease lapses.
             t_stop = time.monotonic()
-            while not b.rollouts.owner:
+
+            async def owned_by_b() -> bool:
                 await b.rollouts.check()
-                assert time.monotonic() - t_stop < 2.0
-                await asyncio.sleep(0.05)
+                return b.rollouts.owner
+
+            await eventually_async(owned_by_b, what="B takes the lease", timeout=2.0, interval=0.05)
             assert time.monotonic() - t_stop >= 0.4  # not before the lease's 0.5 s
-            while (await b.rollouts.one(rid))["state"] != "finished":
+
+            async def finished_by_b() -> bool:
                 feed(b)  # samples in each step, now seen by B
                 await b.rollouts.check()
-                assert time.monotonic() - t_stop < 5.0
-                await asyncio.sleep(0.05)
+                return bool((await b.rollouts.one(rid))["state"] == "finished")
+
+            await eventually_async(finished_by_b, what="B runs the plan to its end", timeout=5.0)
             finished = {"v1": 0, "v2": 1}  # the canary takes the stable pool's old weight
-            await until(lambda: a.weights() == b.weights() == finished)
+            await eventually_async(
+                lambda: a.weights() == b.weights() == finished, what="the end published to both"
+            )
             assert a.registry.pool("v1").draining == "drained"
             done = await a.rollouts.one(rid)
             assert done == await b.rollouts.one(rid)

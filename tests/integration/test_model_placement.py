@@ -10,7 +10,6 @@ second turn between two workers) cannot pass the test. Run alone with `pytest -m
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import pytest
 from tests.integration.conftest import _make_model
 from tests.integration.edge_fixtures import EDGE_ENV, wait_ready
 from tests.procs import Proc, start_edge, start_worker, wait_serving
+from tests.waits import eventually
 
 pytestmark = pytest.mark.model
 
@@ -90,12 +90,13 @@ def test_a_second_turn_lands_where_its_prefix_is_cached(fleet: tuple[Proc, list[
 def test_the_vllm_workers_push_their_load(fleet: tuple[Proc, list[Proc]]) -> None:
     edge, _ = fleet
     headers = {"authorization": f"Bearer {ADMIN_KEY}"}
-    deadline = time.monotonic() + 10
-    while True:
+
+    def reporting() -> dict | None:
         pool = httpx.get(f"http://{edge.address}/admin/pools", headers=headers).json()["pools"][0]
         reported = [w["reported"] for w in pool["workers"]]
-        if all(r and r["kv_cache_tokens"] for r in reported) or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
+        return pool if all(r and r["kv_cache_tokens"] for r in reported) else None
+
+    pool = eventually(reporting, what="every worker pushed its load", interval=0.1)
+    reported = [w["reported"] for w in pool["workers"]]
     assert all(r and r["kv_cache_tokens"] > 0 and r["max_running"] == 4 for r in reported)
     assert pool["decisions"]["cache"] >= 3

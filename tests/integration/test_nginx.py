@@ -31,6 +31,7 @@ from generated import sluice_pb2 as pb
 from generated import sluice_pb2_grpc as pb_grpc
 from scripts.deploy.render_nginx import NginxParams, nginx_binary, render, write
 from tests.procs import Proc, start_edge, start_worker
+from tests.waits import eventually
 
 pytestmark = [pytest.mark.nginx, pytest.mark.slow]
 
@@ -70,16 +71,17 @@ class Nginx:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
+
+        def listening() -> bool:
             assert self.proc.poll() is None, f"nginx exited:\n{self.error_log()}"
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise TimeoutError(f"nginx did not listen:\n{self.error_log()}")
+            socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+            return True
+
+        try:
+            eventually(listening, what="nginx listens", ignore=(OSError,), detail=self.error_log)
+        except AssertionError:
+            self.stop()
+            raise
 
     @property
     def url(self) -> str:
@@ -161,10 +163,12 @@ def stack(worker_args: list[str], edge_args: list[str]) -> Iterator[tuple[Proc, 
     edge = None
     try:
         edge = start_edge("--worker", worker.address, *edge_args)
-        deadline = time.monotonic() + 20
-        while httpx.get(f"http://{edge.address}/readyz").status_code != 200:
-            assert time.monotonic() < deadline, f"edge not ready:\n{edge.log()}"
-            time.sleep(0.05)
+        eventually(
+            lambda: httpx.get(f"http://{edge.address}/readyz").status_code == 200,
+            what="the edge is ready",
+            timeout=20,
+            detail=edge.log,
+        )
         yield worker, edge
     finally:
         if edge is not None:
@@ -360,10 +364,11 @@ def test_client_disconnect_through_nginx_aborts_the_generation(front, paced, pki
                         assert stats(pb.GetStatsRequest(), timeout=5).running == 1
                         break  # leaving the iterator closes the connection
         # Gone after ~3 of 400 tokens (20 s of generating left): the worker stops now.
-        deadline = time.monotonic() + 2
-        while stats(pb.GetStatsRequest(), timeout=5).running:
-            assert time.monotonic() < deadline, "generation still running after disconnect"
-            time.sleep(0.05)
+        eventually(
+            lambda: stats(pb.GetStatsRequest(), timeout=5).running == 0,
+            what="the generation stopped after the disconnect",
+            timeout=2,
+        )
 
 
 def test_grpc_callers_reach_the_workers_through_nginx(front, pki):

@@ -15,7 +15,6 @@ import hashlib
 import re
 import secrets
 import signal
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ from generated import sluice_pb2 as pb
 from generated import sluice_pb2_grpc as pb_grpc
 from tests.integration.edge_fixtures import EDGE_ENV, wait_ready, worker_stats
 from tests.procs import Proc, start_edge, start_worker
+from tests.waits import eventually_async
 
 KEYS = {
     name: f"sk-test-{name}-{secrets.token_hex(12)}" for name in ("chat", "batch", "a", "b", "c")
@@ -126,15 +126,6 @@ async def run(
                     order.append(label)
                 out.events += 1
     return out
-
-
-async def until(check, timeout: float = 15.0) -> None:  # type: ignore[no-untyped-def]
-    """Wait for `check()` to hold, polling (bounded)."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"condition not met in time: {check}")
-        await asyncio.sleep(0.02)
 
 
 def queue_is(fleet: Fleet, running: int, waiting: int):  # type: ignore[no-untyped-def]
@@ -259,17 +250,21 @@ async def test_high_priority_finds_a_slot_and_lower_classes_are_refused_first(fl
             f"low{i}": asyncio.create_task(run(client, f"low{i}", "batch", order, 2000))
             for i in range(3)
         }
-        await until(queue_is(fleet, 1, 2))
+        await eventually_async(queue_is(fleet, 1, 2), what="1 low running, 2 queued", timeout=15)
         refused = await run(client, "refused", "batch", order, 2)
         # High arrives: the slot kept for it is free, so it runs at once, beside the low one.
         high = await run(client, "high2", "chat", order, 5)
         assert (high.status, high.events) == (200, 5)
         held = asyncio.create_task(run(client, "high3", "chat", order, 2000))
-        await until(queue_is(fleet, 2, 2))
+        await eventually_async(queue_is(fleet, 2, 2), what="high3 runs beside low", timeout=15)
         # The worker is full: the next high one displaces the newest queued low one, then
         # waits; when a slot frees it goes before the low one still queued.
         late = asyncio.create_task(run(client, "high4", "chat", order, 2))
-        await until(lambda: sum(t.done() for t in low.values()) == 1)
+        await eventually_async(
+            lambda: sum(t.done() for t in low.values()) == 1,
+            what="high4 displaced a queued low one",
+            timeout=15,
+        )
         running = order[1]
         low[running].cancel()
         assert (await late).status == 200
@@ -295,9 +290,11 @@ async def test_tenants_take_turns_and_a_light_one_displaces_a_flooding_one(fleet
     order: list[str] = []
     async with httpx.AsyncClient(base_url=fleet.base, timeout=30) as client:
         holder = asyncio.create_task(run(client, "c", "c", order, 2000))  # the one slot
-        await until(lambda: order == ["c"])
+        await eventually_async(lambda: order == ["c"], what="c holds the slot", timeout=15)
         flood = [asyncio.create_task(run(client, "a", "a", order, 3)) for _ in range(5)]
-        await until(queue_is(fleet, 1, 5))  # the worker is full: 1 running, 5 queued
+        await eventually_async(  # the worker is full: 1 running, 5 queued
+            queue_is(fleet, 1, 5), what="a's flood queued", timeout=15
+        )
         light: list[asyncio.Task[Outcome]] = []
 
         def settled(displaced: int, refused: int) -> bool:
@@ -308,7 +305,11 @@ async def test_tenants_take_turns_and_a_light_one_displaces_a_flooding_one(fleet
         # (a holds 5, then 4, against b's 0, then 1); the third finds a at 3, b at 2.
         for displaced, refused in [(1, 0), (2, 0), (2, 1)]:
             light.append(asyncio.create_task(run(client, "b", "b", order, 3)))
-            await until(lambda d=displaced, r=refused: settled(d, r))
+            await eventually_async(
+                lambda d=displaced, r=refused: settled(d, r),
+                what=f"{displaced} of a displaced, {refused} of b refused",
+                timeout=15,
+            )
         holder.cancel()
         a = await asyncio.gather(*flood)
         b = await asyncio.gather(*light)
@@ -350,13 +351,19 @@ async def test_a_queued_generation_is_cancelled_with_its_rpc_and_refused_by_a_dr
             # Queued (the one slot is taken): no acceptance yet. Its RPC goes away, with a
             # detach grace asked for: no one knows its id, so it is cancelled, not kept.
             left = stub.Generate(iter([_start("left", 5, grace_ms=60_000)]))
-            await until(lambda: worker_stats(worker.address).waiting == 1)
+            await eventually_async(
+                lambda: worker_stats(worker.address).waiting == 1, what="left is queued"
+            )
             left.cancel()
-            await until(lambda: worker_stats(worker.address).waiting == 0)
+            await eventually_async(
+                lambda: worker_stats(worker.address).waiting == 0, what="left left the queue"
+            )
             # Draining: what is queued is refused at once (UNAVAILABLE: start it elsewhere)
             # while the running generation goes on within the grace.
             queued = stub.Generate(iter([_start("queued", 5)]))
-            await until(lambda: worker_stats(worker.address).waiting == 1)
+            await eventually_async(
+                lambda: worker_stats(worker.address).waiting == 1, what="queued is queued"
+            )
             worker.proc.send_signal(signal.SIGTERM)
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 async for _ in queued:

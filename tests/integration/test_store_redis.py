@@ -29,6 +29,7 @@ from edge.store.redis import RedisStore
 from edge.store.windows import WindowCounters
 from edge.upstream.channel import ChannelFactory
 from tests.redis_proc import RedisServer, redis_server
+from tests.waits import eventually_async
 
 
 @pytest.fixture(scope="module")
@@ -68,10 +69,12 @@ async def test_a_bucket_refills_at_its_rate_on_the_servers_clock(server, request
         assert await a.take("k", 20.0, 1.0) == 0
         wait = await a.take("k", 20.0, 1.0)
         assert 0 < wait <= 0.05
-        deadline = time.monotonic() + 2
-        while await a.take("k", 20.0, 1.0) > 0:  # refilled within its wait, give or take
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.01)
+
+        async def refilled() -> bool:
+            return await a.take("k", 20.0, 1.0) == 0
+
+        # Within its wait, give or take.
+        await eventually_async(refilled, what="the bucket refilled", timeout=2)
     finally:
         await close(a)
 
@@ -114,12 +117,13 @@ async def test_a_held_lease_is_renewed_and_a_dead_holders_lapses(server, request
         t0 = time.monotonic()
         while time.monotonic() - t0 < 1.0:  # three ttls: renewed every 0.1 s meanwhile
             assert await other.acquire("s", "theirs", 1, 0.3) is False
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # held for a duration: the property under test
         await holder.close()  # the holder dies without releasing: nobody renews it
-        deadline = time.monotonic() + 2
-        while not await other.acquire("s", "theirs", 1, 0.3):
-            assert time.monotonic() < deadline, "a dead holder's lease never lapsed"
-            await asyncio.sleep(0.02)
+        await eventually_async(
+            lambda: other.acquire("s", "theirs", 1, 0.3),
+            what="a dead holder's lease lapsed",
+            timeout=2,
+        )
     finally:
         await close(other)
 
@@ -225,15 +229,20 @@ async def test_admit_and_finish_fail_by_mode_and_recover(fail_open, request):
             assert time.monotonic() - t0 < 1.0  # no hang
 
             srv.start()  # an empty Redis on the same port
-            t_up = time.monotonic()
-            for n in range(1000):  # admitted by Redis again (a new lease each try)
-                before, lease = store.fallbacks, f"z{n}"
+            leases = (f"z{n}" for n in range(1000))  # a new lease each try
+            lease = ""
+
+            async def admitted_by_redis() -> bool:
+                nonlocal lease
+                before, lease = store.fallbacks, next(leases)
                 with contextlib.suppress(StoreUnavailable):  # closed, until its retry
                     got = await store.admit("r2", 0.001, 100.0, "s2", lease, 1, 30)
-                    if store.fallbacks == before and got == (0.0, True):
-                        break
-                assert time.monotonic() - t_up < 2.0, "not admitted by Redis within 2 s"
-                await asyncio.sleep(0.05)
+                    return store.fallbacks == before and got == (0.0, True)
+                return False
+
+            await eventually_async(
+                admitted_by_redis, what="admitted by Redis again", timeout=2.0, interval=0.05
+            )
             check = RedisStore(srv.url, 1.0, request.node.name)
             try:
                 assert await check.acquire("s2", "other", 1, 30) is False  # it is in Redis
@@ -344,10 +353,16 @@ async def test_pins_live_from_their_last_use(server, request):
         await a.put_pin("sess", "canary", 10)
         assert await b.get_pin("sess", 10) == "canary"
         await a.put_pin("short", "stable", 0.2)
-        deadline = time.monotonic() + 2
-        while await b.get_pin("short", 0.2) is not None:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.3)  # longer than its ttl: no get renews it in between
+
+        async def gone() -> bool:
+            return await b.get_pin("short", 0.2) is None
+
+        await eventually_async(
+            gone,
+            what="the pin lapsed",
+            timeout=2,
+            interval=0.3,  # longer than its ttl: no get renews it in between
+        )
     finally:
         await close(a, b)
 
@@ -381,17 +396,18 @@ async def test_a_stopped_redis_fails_by_mode_and_recovers_without_restart(fail_o
             assert await store.get_pin("p", 60) == "stable"
 
             srv.start()  # an empty Redis on the same port
-            t_up = time.monotonic()
-            while True:  # the shared bucket is back: burst 2, then refused
+
+            async def shared_again() -> bool:  # the shared bucket is back: burst 2, then refused
                 before = store.fallbacks
                 try:
                     waits = [await store.take("k2", 0.001, 2.0) for _ in range(3)]
                 except StoreUnavailable:  # closed, until its retry
-                    waits = []
-                if store.fallbacks == before and waits[:2] == [0, 0] and waits[2] > 0:
-                    break
-                assert time.monotonic() - t_up < 2.0, "limits not shared again within 2 s"
-                await asyncio.sleep(0.05)
+                    return False
+                return store.fallbacks == before and waits[:2] == [0, 0] and waits[2] > 0
+
+            await eventually_async(
+                shared_again, what="limits shared again", timeout=2.0, interval=0.05
+            )
             check = RedisStore(srv.url, 1.0, request.node.name)
             assert await check.take("k2", 0.001, 2.0) > 0  # it is Redis's bucket
             await check.close()

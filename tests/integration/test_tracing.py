@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import secrets
 import threading
-import time
 from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as otl
 
 from tests.integration.edge_fixtures import EDGE_ENV, parse_sse, wait_ready, worker_stats
 from tests.procs import Proc, start_edge, start_worker
+from tests.waits import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -82,15 +82,17 @@ class Receiver(otlp_grpc.TraceServiceServicer):
             return [s for s in self.spans if s.trace_id == trace_id]
 
     def wait(self, trace_id: str, done: Any, timeout: float = 15.0) -> list[Span]:
-        """The trace's spans once `done(spans)` holds (bounded wait)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        """The trace's spans once `done(spans)` holds."""
+
+        def complete() -> list[Span]:
             spans = self.trace(trace_id)
-            if done(spans):
-                return spans
-            time.sleep(0.05)
-        raise TimeoutError(
-            f"trace {trace_id}: {[(s.service, s.name) for s in self.trace(trace_id)]}"
+            return spans if done(spans) else []
+
+        return eventually(
+            complete,
+            what=f"trace {trace_id} complete",
+            timeout=timeout,
+            detail=lambda: [(s.service, s.name) for s in self.trace(trace_id)],
         )
 
 
@@ -203,15 +205,16 @@ def test_a_request_without_traceparent_starts_its_own_trace(traced: Traced) -> N
         timeout=30,
     )
     assert resp.status_code == 200
-    deadline = time.monotonic() + 15
-    new: set[str] = set()
-    while time.monotonic() < deadline:
+
+    def new_trace() -> tuple[set[str], list[Span]] | None:
         with traced.receiver.lock:
             new = {s.trace_id for s in traced.receiver.spans} - before
             roots = [s for s in traced.receiver.spans if s.trace_id in new and s.name == "request"]
-        if roots and any(s.name == "decode" for s in traced.receiver.trace(roots[0].trace_id)):
-            break
-        time.sleep(0.05)
+        if not roots or all(s.name != "decode" for s in traced.receiver.trace(roots[0].trace_id)):
+            return None
+        return new, roots
+
+    new, roots = eventually(new_trace, what="a new trace with its decode span", timeout=15)
     assert len(new) == 1
     (root,) = roots
     assert root.parent_id == ""

@@ -9,7 +9,6 @@ model`) and talks to Triton over tritonclient's asyncio gRPC client.
 from __future__ import annotations
 
 import importlib.util
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from tests.integration.edge_fixtures import (
 )
 from tests.procs import ROOT, Proc, start_edge, start_worker, wait_serving
 from tests.tritonserver import MODEL, Triton, start_triton, wait_event
+from tests.waits import eventually
 
 pytestmark = pytest.mark.triton
 
@@ -191,12 +191,11 @@ def test_cancel_mid_stream_cancels_the_triton_request(stack: Stack, triton: Trit
                 if tokens == 3:
                     break  # the connection closes here
     assert tokens == 3
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        cancelled = [e for e in triton.events() if e.startswith("cancelled ")]
-        if len(cancelled) > len(before):
-            break
-        time.sleep(0.02)
+    eventually(
+        lambda: len([e for e in triton.events() if e.startswith("cancelled ")]) > len(before),
+        what="Triton cancelled the request",
+        detail=triton.events,
+    )
     new = [e for e in triton.events() if e.startswith("cancelled ")][len(before) :]
     assert len(new) == 1, triton.events()
     # The request started in Triton is the one cancelled there, and nothing is left in flight.
@@ -308,12 +307,12 @@ def health(worker: Proc) -> int:
 
 
 def wait_health(worker: Proc, status: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if health(worker) == status:
-            return
-        time.sleep(0.05)
-    raise TimeoutError(f"worker health not {status} after {timeout}s:\n{worker.log()}")
+    eventually(
+        lambda: health(worker) == status,
+        what=f"the worker's health is {status}",
+        timeout=timeout,
+        detail=worker.log,
+    )
 
 
 def test_not_ready_triton_is_not_serving_and_a_killed_one_ends_streams_well() -> None:
@@ -326,10 +325,12 @@ def test_not_ready_triton_is_not_serving_and_a_killed_one_ends_streams_well() ->
     edge: Proc | None = None
     server: Triton | None = None
     try:
-        deadline = time.monotonic() + 30
-        while "is not ready; waiting" not in worker.log() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert "is not ready; waiting" in worker.log(), worker.log()
+        eventually(
+            lambda: "is not ready; waiting" in worker.log(),
+            what="the worker waits for Triton",
+            timeout=30,
+            detail=worker.log,
+        )
         assert health(worker) == health_pb2.HealthCheckResponse.NOT_SERVING
         edge = start_edge("--worker", worker.address, env=EDGE_ENV)
         base = f"http://{edge.address}"

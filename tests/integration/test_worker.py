@@ -13,6 +13,7 @@ from generated import sluice_pb2 as pb
 from generated import sluice_pb2_grpc as pb_grpc
 from model_service.client import GenerationError, SluiceClient
 from tests.procs import start_worker
+from tests.waits import eventually_async
 
 SP = pb.SamplingParams
 
@@ -170,10 +171,9 @@ async def test_rpc_cancel_aborts_engine_request(worker):
                 break
         assert (await stub.GetStats(pb.GetStatsRequest())).running == 1
         call.cancel()
-        t0 = time.monotonic()
-        while (await stub.GetStats(pb.GetStatsRequest())).running and time.monotonic() - t0 < 1:
-            await asyncio.sleep(0.01)
-        assert (await stub.GetStats(pb.GetStatsRequest())).running == 0
+        await eventually_async(
+            lambda: not_running(stub), what="the cancelled request is aborted", timeout=1
+        )
 
 
 async def test_deadline_exceeded_aborts_engine_request(worker):
@@ -187,8 +187,13 @@ async def test_deadline_exceeded_aborts_engine_request(worker):
         await one(worker.address, req)
     assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert "deadline" in e.value.details()
-    await asyncio.sleep(0.05)
-    assert (await stats(worker.address)).running == 0
+    async with grpc.aio.insecure_channel(worker.address) as ch:
+        stub = pb_grpc.GenerationStub(ch)
+        await eventually_async(lambda: not_running(stub), what="the expired request is aborted")
+
+
+async def not_running(stub) -> bool:  # type: ignore[no-untyped-def]
+    return (await stub.GetStats(pb.GetStatsRequest())).running == 0
 
 
 def _bad(**kw):
@@ -282,7 +287,9 @@ async def test_overload_refused_fast_with_retry_hint_while_admitted_complete():
                 client.generate(prompt=f"p{i}", max_tokens=30, ignore_eos=True) for i in range(4)
             ]
             tasks = [asyncio.create_task(g.text()) for g in admitted]
-            await asyncio.sleep(0.1)
+            await eventually_async(  # 2 running, 2 queued: the worker is full
+                lambda: full(client), what="the four admitted requests hold every place"
+            )
             t0 = time.monotonic()
             with pytest.raises(GenerationError) as e:
                 await client.generate(prompt="one too many", max_tokens=5).text()
@@ -294,6 +301,11 @@ async def test_overload_refused_fast_with_retry_hint_while_admitted_complete():
             assert (await client.stats()).rejected_total == 1
     finally:
         w.kill()
+
+
+async def full(client: SluiceClient) -> bool:
+    s = await client.stats()
+    return s.running + s.waiting == 4
 
 
 async def test_health_across_start_and_sigterm_drain_in_flight_completes():
@@ -433,17 +445,25 @@ async def test_detached_generation_aborts_after_grace_and_counts_waste():
     try:
         async with grpc.aio.insecure_channel(w.address) as ch:
             stub = pb_grpc.GenerationStub(ch)
+            t0 = time.monotonic()  # before the drop: its grace (0.3 s) starts after it
             await _read_some(stub, start("gone", max_tokens=1000, ignore_eos=True), 2)
-            await asyncio.sleep(0.1)
             s = await stub.GetStats(pb.GetStatsRequest())
             assert s.running == 1, "still generating during the grace period"
-            await asyncio.sleep(0.5)
-            s = await stub.GetStats(pb.GetStatsRequest())
-            assert s.running == 0 and s.detach_expired_total == 1
-            assert s.wasted_tokens_total > 5
+
+            async def expired() -> pb.WorkerStats | None:
+                s = await stub.GetStats(pb.GetStatsRequest())
+                return s if s.detach_expired_total == 1 and s.running == 0 else None
+
+            s = await eventually_async(expired, what="the detached generation's grace ran out")
+            assert time.monotonic() - t0 >= 0.3, "aborted before its grace"
+            assert s.wasted_tokens_total > 5  # it ran on meanwhile
             tail = await _resume(stub, "gone", 0)  # the log is kept for retention after the end
             assert tail[-1].final.reason == pb.FINISH_REASON_CANCELLED
-            await asyncio.sleep(0.7)
+
+            async def forgotten() -> bool:
+                return (await stub.GetStats(pb.GetStatsRequest())).replay_generations == 0
+
+            await eventually_async(forgotten, what="the log expired (0.5 s retention)")
             with pytest.raises(grpc.aio.AioRpcError) as e:  # retention over
                 await _resume(stub, "gone", 0)
             assert e.value.code() == grpc.StatusCode.NOT_FOUND

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from generated import sluice_pb2 as pb
 from model_service.config import EngineConfig, SimOptions, WorkerConfig
 from model_service.core import WorkerCore
 from model_service.engines.sim.engine import SimEngine
-from model_service.errors import EngineDead
+from model_service.errors import EngineDead, InvalidArgument
 from model_service.generation.run import CLIENT_CANCEL, DETACH_EXPIRED
 
 
@@ -17,8 +19,13 @@ class SlowAbortSim(SimEngine):
 
     aborted: list[str]
 
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.aborting = asyncio.Event()  # set as an abort begins
+
     async def abort(self, request_id: str) -> None:
-        await asyncio.sleep(0.05)
+        self.aborting.set()
+        await asyncio.sleep(0.05)  # the slowness under test, not a wait for an event
         self.aborted.append(request_id)
         await super().abort(request_id)
 
@@ -43,14 +50,20 @@ def start(rid: str, grace_ms: int | None = None) -> pb.StartGeneration:
     return s
 
 
+async def under_way(gen) -> None:  # type: ignore[no-untyped-def]
+    """Until the generation has logged its first token: it runs on the engine."""
+    while gen.index == 0:
+        await asyncio.wait_for(gen.changed(), 5)
+
+
 async def test_second_cancel_does_not_interrupt_the_engine_abort():
     core = await make_core(SlowAbortSim)
     gen = await core.prepare(start("twice"), None)
     core.launch(gen)
-    await asyncio.sleep(0.05)
+    await under_way(gen)
     gen.cancel(CLIENT_CANCEL)
-    await asyncio.sleep(0.01)  # now inside the slow abort
-    gen.cancel(DETACH_EXPIRED)
+    await asyncio.wait_for(core.engine.aborting.wait(), 5)  # type: ignore[attr-defined]
+    gen.cancel(DETACH_EXPIRED)  # now, inside the slow abort
     assert gen.task is not None
     await gen.task
     final = pb.GenerateResponse.FromString(gen.log[-1]).final  # type: ignore[arg-type]
@@ -63,7 +76,7 @@ async def test_generation_never_followed_is_detached_and_aborted():
     core = await make_core()
     gen = await core.prepare(start("orphan", grace_ms=0), None)
     core.launch(gen)
-    await asyncio.sleep(0.05)
+    await under_way(gen)
     assert core.engine.stats().running == 1
     gen.detach_if_unfollowed()  # what a stream does when it ends before following
     assert gen.task is not None
@@ -87,11 +100,12 @@ async def test_ended_generation_keeps_only_its_log():
 async def test_refused_start_is_not_counted_as_finished():
     core = await make_core()
     bad = start("huge")
-    bad.sampling.max_tokens = 10_000_000  # refused after admission, at tokenization
-    try:
+    bad.prompt = "hello there, friend"
+    # Below the context window (validation lets it through), but not with the prompt's
+    # four tokens: refused after admission, once the prompt is tokenized.
+    bad.sampling.max_tokens = core.engine.model_info.max_model_len - 1
+    with pytest.raises(InvalidArgument, match="prompt tokens"):
         await core.prepare(bad, None)
-    except Exception:
-        pass
     assert core.admission.in_flight == 0
     assert core.admission.finished_total == 0
 

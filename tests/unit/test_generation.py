@@ -14,6 +14,7 @@ from model_service.generation.runtime import Runtime
 from model_service.generation.store import ReplayStore
 from model_service.types import GenerationRequest, SamplingParams
 from sluice_common.histogram import Histogram
+from tests.waits import eventually_async
 
 
 class Hooks:
@@ -105,7 +106,10 @@ async def test_a_consumer_cancelled_while_waiting_leaves_the_others_waiting() ->
     start(gen)
     quitter = asyncio.create_task(follow(gen))
     stayer = asyncio.create_task(follow(gen))
-    await asyncio.sleep(0.02)
+    # Cancelled while both wait for a change (each on its own pending future).
+    await eventually_async(
+        lambda: len(gen._waiters) == 2, what="both consumers wait for a change", interval=0.001
+    )
     quitter.cancel()
     got = await asyncio.wait_for(stayer, 5)
     assert pb.GenerateResponse.FromString(got[-1]).final.usage.completion_tokens == 30
@@ -114,7 +118,7 @@ async def test_a_consumer_cancelled_while_waiting_leaves_the_others_waiting() ->
 async def test_an_error_is_known_before_its_final_is_logged() -> None:
     gen, _ = await make(max_tokens=500, delay=0.005)
     start(gen)
-    await asyncio.sleep(0.02)
+    await asyncio.wait_for(gen.changed(), 5)  # a first token logged: under way
     gen.cancel(SluiceError("stop here"))
     assert gen.task is not None
     await gen.task
@@ -127,7 +131,7 @@ async def test_detached_generation_reports_its_wasted_tokens() -> None:
     gen, hooks = await make(max_tokens=500, delay=0.002, grace=0.05)
     start(gen)
     gen.attach()
-    await asyncio.sleep(0.01)
+    await asyncio.wait_for(gen.changed(), 5)  # a first token logged: under way
     gen.release()  # the last consumer left: the grace starts
     assert gen.task is not None
     await asyncio.wait_for(gen.task, 2)
@@ -139,7 +143,7 @@ async def test_detached_generation_reports_its_wasted_tokens() -> None:
 async def test_client_cancel_ends_with_cancelled() -> None:
     gen, hooks = await make(max_tokens=500, delay=0.002)
     start(gen)
-    await asyncio.sleep(0.01)
+    await asyncio.wait_for(gen.changed(), 5)  # a first token logged: under way
     gen.cancel(CLIENT_CANCEL)
     assert gen.task is not None
     await gen.task

@@ -9,6 +9,7 @@ import pytest
 
 from model_service.rpc.load import LoadReporter, intervals
 from model_service.types import EngineStats
+from tests.waits import eventually_async
 
 
 class Clock:
@@ -20,8 +21,13 @@ class Clock:
 
 
 def fake_core(**stats: object) -> SimpleNamespace:
-    engine = SimpleNamespace(current=EngineStats(**stats))  # type: ignore[arg-type]
-    engine.stats = lambda: engine.current
+    engine = SimpleNamespace(current=EngineStats(**stats), looks=0)  # type: ignore[arg-type]
+
+    def current() -> EngineStats:
+        engine.looks += 1  # one look per round of the reporter
+        return engine.current
+
+    engine.stats = current
     return SimpleNamespace(
         engine=engine,
         ready=True,
@@ -73,7 +79,8 @@ async def test_a_stream_sends_at_once_on_change_and_as_a_heartbeat() -> None:
     assert (changed.seq, changed.running, changed.waiting) == (1, 3, 1)
     # Nothing changes: nothing is sent until the heartbeat is due.
     pending = asyncio.ensure_future(anext(stream))
-    await asyncio.sleep(0.05)
+    looks = core.engine.looks
+    await eventually_async(lambda: core.engine.looks >= looks + 3, what="three quiet rounds")
     assert not pending.done()
     clock.now += 0.5
     beat = await asyncio.wait_for(pending, 1)

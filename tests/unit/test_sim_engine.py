@@ -8,6 +8,7 @@ import pytest
 from model_service.config import EngineConfig, SimOptions
 from model_service.engines.sim.engine import SimEngine
 from model_service.types import FinishReason, GenerationRequest, SamplingParams
+from tests.waits import eventually_async
 
 
 def engine(**kw) -> SimEngine:
@@ -70,7 +71,7 @@ async def test_slots_queue_and_abort_frees_slot_at_once():
     first = e.generate(req("a", max_tokens=1000, ignore_eos=True))
     await first.__anext__()
     second = asyncio.create_task(run(e, req("b", max_tokens=3)))
-    await asyncio.sleep(0.02)
+    await eventually_async(lambda: e.stats().waiting == 1, what="b waits for the one slot")
     assert (e.stats().running, e.stats().waiting) == (1, 1)
     await e.abort("a")
     assert e.stats().running == 1 and e.stats().waiting == 0  # b took the freed slot

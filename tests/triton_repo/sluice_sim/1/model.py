@@ -100,7 +100,7 @@ class TritonPythonModel:
         stops = set(sampling.get("stop") or ())
         self._event(f"start {rid}")
         for i in range(length):
-            await asyncio.sleep(self.delay_s)
+            await asyncio.sleep(self.delay_s)  # the model's pace per token (its behaviour)
             if sender.is_cancelled():
                 self._event(f"cancelled {rid}")
                 sender.send(
