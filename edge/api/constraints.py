@@ -220,11 +220,18 @@ def logit_bias(body: dict[str, Any]) -> dict[int, float]:
         raise invalid(
             "logit_bias", f"'logit_bias' must map at most {MAX_LOGIT_BIAS} token ids to biases"
         )
-    out = {}
-    for key, bias in v.items():
-        if not (isinstance(key, str) and key.isdigit() and int(key) <= UINT32_MAX):
-            raise invalid("logit_bias", f"'logit_bias' keys are token ids, got {key[:32]!r}")
-        if isinstance(bias, bool) or not isinstance(bias, int | float) or not -100 <= bias <= 100:
-            raise invalid(f"logit_bias.{key}", "biases must be numbers in [-100, 100]")
-        out[int(key)] = float(bias)
-    return out
+    bad_keys = [k for k in v if not (k.isdigit() and int(k) <= UINT32_MAX)]
+    if bad_keys:
+        shown = ", ".join(repr(k[:32]) for k in bad_keys[:20])
+        raise invalid("logit_bias", f"'logit_bias' keys must be token ids; not token ids: {shown}")
+    bad_biases = [
+        k
+        for k, b in v.items()
+        if isinstance(b, bool) or not isinstance(b, int | float) or not -100 <= b <= 100
+    ]
+    if bad_biases:
+        shown = ", ".join(repr(k) for k in bad_biases[:20])
+        raise invalid(
+            "logit_bias", f"'logit_bias' biases must be numbers in [-100, 100]; not so for: {shown}"
+        )
+    return {int(k): float(b) for k, b in v.items()}

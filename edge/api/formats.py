@@ -104,6 +104,7 @@ class ChunkFormat:
         self.model = model
         self.created = created
         self.include_usage = include_usage
+        self.continuous_usage = False  # usage in every chunk (set by the caller)
         self.n = n
         self._collected: dict[int, Collected] = {}
         self._obj = {
@@ -179,7 +180,11 @@ class ChunkFormat:
         the usage chunk if asked, `[DONE]`."""
         out: list[Event] = []
         if not final.choices:
-            out.append((None, self.finish(FINISH_REASONS[final.reason])))
+            reason = FINISH_REASONS[final.reason]
+            if self.continuous_usage:  # vLLM's continuous_usage_stats: this chunk too
+                out.append((None, self._chunk(self._finish_choice(0, reason), final.usage)))
+            else:
+                out.append((None, self.finish(reason)))
         if self.include_usage:
             out.append((None, self.usage(final.usage)))
         out.append((None, b"[DONE]"))

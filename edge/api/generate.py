@@ -146,7 +146,9 @@ def _format(kind: Kind, request_id: str, model: str, req: GenRequest) -> Format:
     created = created_at(request_id)
     if kind == "responses":
         return ResponsesFormat(request_id, model, created, req.echo)
-    return make_format(kind, request_id, model, created, req.include_usage, req.n)
+    fmt = make_format(kind, request_id, model, created, req.include_usage, req.n)
+    fmt.continuous_usage = req.continuous_usage
+    return fmt
 
 
 async def _failover(

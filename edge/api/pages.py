@@ -3,6 +3,7 @@ and the JSON form of Starlette's own errors (404, 405) and of edge bugs (500).""
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 from pathlib import Path
 
@@ -16,6 +17,9 @@ from edge.errors import ApiError, error_response, internal_error, no_worker
 from edge.obs.prom import CONTENT_TYPE
 
 log = logging.getLogger("sluice.edge")
+# The vLLM release whose OpenAI server this edge stands in for (issue 24): vLLM's clients
+# read `GET /version` to pick their code paths. A test checks it against the installed vllm.
+VLLM_API_VERSION = "0.32.0"
 CHAT_PAGE = Path(__file__).parent / "static" / "chat.html"
 
 
@@ -38,6 +42,18 @@ async def chat_page(request: Request) -> Response:
 async def healthz(request: Request) -> Response:
     """The process is up and its event loop answers (also `/health`, vLLM's name)."""
     return ORJSONResponse({"status": "ok"})
+
+
+async def version(request: Request) -> Response:
+    """GET /version, vLLM's: the vLLM release this edge's API matches, and Sluice's own."""
+    return ORJSONResponse({"version": VLLM_API_VERSION, "sluice_version": _sluice_version()})
+
+
+def _sluice_version() -> str:
+    try:
+        return importlib.metadata.version("sluice")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 async def readyz(request: Request) -> Response:

@@ -37,6 +37,7 @@ PAGE_ROUTES = [
     Route("/v1/models", pages.list_models, methods=["GET"]),
     Route("/healthz", pages.healthz, methods=["GET"]),
     Route("/health", pages.healthz, methods=["GET"]),  # vLLM's name; its routers poll it
+    Route("/version", pages.version, methods=["GET"]),  # vLLM's
     Route("/readyz", pages.readyz, methods=["GET"]),
     Route("/metrics", pages.metrics, methods=["GET"]),
 ]

