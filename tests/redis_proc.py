@@ -1,6 +1,6 @@
 """A real redis-server for tests: started on a free 127.0.0.1 port in a temporary
 directory, no persistence, stopped and restarted by its own PID (the failure tests stop
-it mid-load and bring it back on the same port)."""
+it mid-load and bring it back on the same port), killed -9, frozen and thawed."""
 
 from __future__ import annotations
 
@@ -78,6 +78,23 @@ class RedisServer:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash: no goodbye to its clients. Its port is closed on return."""
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+    def freeze(self) -> None:
+        """SIGSTOP: connections stay open, nothing answers (a stalled server)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT: it runs what waited in its sockets, then answers again."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
 
 
 @contextmanager

@@ -1,9 +1,8 @@
-"""One Redis connection as every part of the shared store uses it.
-
-redis-py's own retries are off (`--store-timeout` bounds each operation instead, and the
-failure modes of `guarded.py` decide what a failure means); every failure of an
-operation, including the timeout, is `StoreUnavailable`.
-"""
+"""One Redis connection as every part of the shared store uses it. A connection found dead
+("Connection closed by server": the pool's idle ones after Redis restarted) is retried once
+on a fresh one: redis-py's own `Retry`, limited to `ConnectionError` (it reconnects before
+the second try). A timeout is not retried: `--store-timeout` bounds the operation, tries
+included. Every failure left is `StoreUnavailable`; `guarded.py` decides what it means."""
 
 from __future__ import annotations
 
@@ -15,6 +14,7 @@ from typing import TypeVar
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from edge.store.base import StoreUnavailable
@@ -32,7 +32,7 @@ class RedisConnection:
             url,
             socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0),
+            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
             decode_responses=decode_responses,
         )
 

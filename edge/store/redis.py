@@ -1,7 +1,8 @@
 """The store in Redis (`--store-url`): each check-and-update one Lua script on Redis's clock
 (`TIME`); leases renewed by their holder every third of their ttl; pins keys with a ttl
-(`GETEX`). Every key on one server (no cluster). Failures raise `StoreUnavailable`, with
-redis-py's retries off: `edge.store.guarded` falls back at once instead of waiting."""
+(`GETEX`). Every key on one server (no cluster). Failures raise `StoreUnavailable` (a
+dead pooled connection retried once first, nothing else: `edge.store.connection`), and
+`edge.store.guarded` falls back at once instead of waiting."""
 
 from __future__ import annotations
 
