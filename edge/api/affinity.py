@@ -69,7 +69,7 @@ class CookieCodec:
     def decode(self, value: str, now: float | None = None) -> tuple[str, str, int] | None:
         """(session id, pool, issued) of a cookie this edge signed and still alive, or None."""
         parts = value.split(".")
-        if len(parts) != 4 or not parts[2].isdigit():
+        if len(parts) != 4 or not (value.isascii() and parts[2].isdigit()):
             return None
         body = ".".join(parts[:3])
         if not hmac.compare_digest(parts[3], self._sign(body)):

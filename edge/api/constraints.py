@@ -5,10 +5,12 @@ Each reader returns protobuf or raises a 400 naming the parameter; what needs th
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
 
+from edge.api import nesting
 from edge.errors import invalid
 from generated import sluice_pb2 as pb
 
@@ -22,16 +24,14 @@ _GUIDED = {
     "guided_choice": "choice",
     "guided_grammar": "grammar",
 }
+_TOKEN_ID = re.compile(r"[0-9]{1,10}")
 _MODES = {"none": pb.TOOL_MODE_NONE, "auto": pb.TOOL_MODE_AUTO, "required": pb.TOOL_MODE_REQUIRED}
 
 
 def _schema_text(value: Any, param: str) -> str:
     """A JSON schema given as an object or as JSON text, as text."""
     if isinstance(value, str):
-        try:
-            value = orjson.loads(value)
-        except orjson.JSONDecodeError as exc:
-            raise invalid(param, f"'{param}' is not valid JSON: {exc}") from None
+        value = nesting.loads(value, param)
     if not isinstance(value, dict | bool):
         raise invalid(param, f"'{param}' must be a JSON Schema object")
     return orjson.dumps(value).decode()
@@ -189,7 +189,9 @@ def tool_calls(msg: dict[str, Any], i: int) -> list[pb.ToolCall]:
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise invalid(param, "a tool call needs a 'function' with a 'name'")
         args = fn.get("arguments", "")
-        if not isinstance(args, str):
+        if isinstance(args, str):
+            nesting.check_text(args, f"{param}.function.arguments")
+        else:
             args = orjson.dumps(args).decode()
         out.append(pb.ToolCall(id=str(call.get("id") or ""), name=fn["name"], arguments=args))
     return out
@@ -220,7 +222,8 @@ def logit_bias(body: dict[str, Any]) -> dict[int, float]:
         raise invalid(
             "logit_bias", f"'logit_bias' must map at most {MAX_LOGIT_BIAS} token ids to biases"
         )
-    bad_keys = [k for k in v if not (k.isdigit() and int(k) <= UINT32_MAX)]
+    # ASCII digits only: str.isdigit() is true for "²", which int() refuses.
+    bad_keys = [k for k in v if not (_TOKEN_ID.fullmatch(k) and int(k) <= UINT32_MAX)]
     if bad_keys:
         shown = ", ".join(repr(k[:32]) for k in bad_keys[:20])
         raise invalid("logit_bias", f"'logit_bias' keys must be token ids; not token ids: {shown}")

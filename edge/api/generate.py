@@ -83,7 +83,7 @@ class Prepared:
 async def read_body(request: Request, limit: int) -> bytes:
     too_big = ApiError(413, f"request body is larger than {limit} bytes", code="request_too_large")
     length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
+    if length is not None and length.isascii() and length.isdigit() and int(length) > limit:
         raise too_big
     body = bytearray()
     async for part in request.stream():

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from edge.api import constraints
+from edge.api import constraints, nesting
 from edge.api.schema import UINT32_MAX, GenRequest, common, int_field, refuse_unsupported
 from edge.errors import invalid
 from edge.stream.job import Event
@@ -67,6 +67,7 @@ def _input(body: dict[str, Any]) -> list[pb.ChatMessage]:
             name, args = item.get("name"), item.get("arguments", "")
             if not isinstance(name, str) or not isinstance(args, str):
                 raise invalid(param, "a function_call needs a 'name' and string 'arguments'")
+            nesting.check_text(args, f"{param}.arguments")
             call = pb.ToolCall(id=str(item.get("call_id") or ""), name=name, arguments=args)
             if not (out and out[-1].role == "assistant" and not out[-1].content):
                 out.append(pb.ChatMessage(role="assistant"))

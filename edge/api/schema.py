@@ -7,9 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import orjson
-
-from edge.api import constraints
+from edge.api import constraints, nesting
 from edge.api.priority import check_tier
 from edge.errors import ApiError, invalid
 from generated import sluice_pb2 as pb
@@ -120,11 +118,9 @@ class GenRequest:
 
 
 def decode_body(raw: bytes) -> dict[str, Any]:
-    """The JSON object of a request body, or a 400."""
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise invalid(None, f"request body is not valid JSON: {exc}") from None
+    """The JSON object of a request body, or a 400 (invalid, or nested too deep: naming
+    where)."""
+    body = nesting.loads(raw, None)
     if not isinstance(body, dict):
         raise invalid(None, "request body must be a JSON object")
     return body

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 from generated import sluice_pb2 as pb
 from model_service.errors import InvalidArgument
+from model_service.intake import nesting
 from model_service.types import (
     ChatMessage,
     GenerationRequest,
@@ -50,19 +48,12 @@ def _message_from_pb(m: pb.ChatMessage) -> ChatMessage:
     return ChatMessage(m.role, m.content, calls, m.tool_call_id, m.name)
 
 
-def _json_field(text: str, field: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise InvalidArgument(field, f"not valid JSON: {exc}") from None
-
-
 def tools_from_pb(chat: pb.ChatInput) -> tuple[Tool, ...]:
     tools = []
     for i, t in enumerate(chat.tools):
         params = None
         if t.parameters_json:
-            params = _json_field(t.parameters_json, f"chat.tools[{i}].parameters_json")
+            params = nesting.loads(t.parameters_json, f"chat.tools[{i}].parameters_json")
             if not isinstance(params, dict):
                 raise InvalidArgument(
                     f"chat.tools[{i}].parameters_json", "must be a JSON Schema object"

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
 
 from model_service.config import LimitsConfig
 from model_service.errors import InvalidArgument, NotFound
+from model_service.intake import nesting
 from model_service.types import GenerationRequest, ModelInfo, StructuredOutput
 
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
@@ -50,6 +50,9 @@ def _validate_input(req: GenerationRequest, limits: LimitsConfig) -> None:
                     f"unknown role {m.role[:32]!r}; use one of {sorted(ROLES)}",
                 )
             size += len(m.content.encode())
+            for j, call in enumerate(m.tool_calls):
+                field = f"chat.messages[{i}].tool_calls[{j}].arguments"
+                nesting.check_maybe_json(call.arguments, field)
         if size > limits.max_prompt_bytes:
             raise InvalidArgument(
                 "chat.messages", f"content exceeds {limits.max_prompt_bytes} bytes"
@@ -115,10 +118,7 @@ def _validate_sampling(req: GenerationRequest, model: ModelInfo, limits: LimitsC
 def validate_structured(so: StructuredOutput) -> None:
     """What can be checked without the grammar backend (which compiles it)."""
     if so.kind == "json_schema":
-        try:
-            schema = json.loads(so.value)  # type: ignore[arg-type]
-        except ValueError as exc:
-            raise InvalidArgument(so.field, f"not valid JSON: {exc}") from None
+        schema = nesting.loads(so.value, so.field)  # type: ignore[arg-type]
         if not isinstance(schema, dict | bool):
             raise InvalidArgument(so.field, "a JSON Schema is an object (or a boolean)")
     elif so.kind == "choice":

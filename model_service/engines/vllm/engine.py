@@ -320,7 +320,7 @@ def _template_tool(t: Tool) -> dict[str, Any]:
 def _json_or_text(text: str) -> Any:
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # intake refused what nests too deep
         return text
 
 
