@@ -65,10 +65,11 @@ class StructuredOutput:
     kind: str
     value: str | tuple[str, ...] = ""
     disable_any_whitespace: bool = False
+    source: str = ""  # the request field it came from, when not structured_output
 
     @property
     def field(self) -> str:
-        return f"structured_output.{self.kind}"
+        return self.source or f"structured_output.{self.kind}"
 
 
 @dataclass(frozen=True, slots=True)

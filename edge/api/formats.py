@@ -66,8 +66,20 @@ class Collected:
     def text(self) -> str:
         return "".join(self.texts)
 
-    def tool_calls(self) -> list[dict[str, Any]]:
-        return [self.calls[i] for i in sorted(self.calls)]
+    def tool_calls(self, reason: str = "stop") -> list[dict[str, Any]]:
+        """The calls, in order; cut by `max_tokens` (`reason` length), only those whose
+        arguments are a whole JSON object (as OpenAI and vLLM: no call for a cut one)."""
+        calls = [self.calls[i] for i in sorted(self.calls)]
+        if reason == "length":
+            calls = [c for c in calls if _whole_object(c["function"]["arguments"])]
+        return calls
+
+
+def _whole_object(text: str) -> bool:
+    try:
+        return isinstance(orjson.loads(text), dict)
+    except orjson.JSONDecodeError:
+        return False
 
 
 def choice_reasons(final: pb.Final) -> dict[int, str]:
@@ -203,8 +215,9 @@ class ChunkFormat:
         choices = []
         for i in range(max(self.n, len(reasons))):
             got = self._collected.get(i) or Collected(logprobs)
-            fields = self.choice(got.text, got.logprobs, got.tool_calls())
-            choices.append({"index": i, **fields, "finish_reason": reasons.get(i, "stop")})
+            reason = reasons.get(i, "stop")
+            fields = self.choice(got.text, got.logprobs, got.tool_calls(reason))
+            choices.append({"index": i, **fields, "finish_reason": reason})
         return {**self._obj, "object": self.response_object, "choices": choices,
                 "usage": usage_dict(final.usage)}  # fmt: skip
 

@@ -32,25 +32,70 @@ def _params(tool: Tool) -> dict[str, Any]:
     return tool.parameters if tool.parameters else _EMPTY_OBJECT
 
 
+_DEF_KEYS = ("$defs", "definitions")
+
+
+def _renamed_refs(node: Any, renames: dict[str, str]) -> Any:
+    """`node` with each `$ref` in `renames` pointed at its new name."""
+    if isinstance(node, dict):
+        out = {k: _renamed_refs(v, renames) for k, v in node.items()}
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref in renames:
+            out["$ref"] = renames[ref]
+        return out
+    if isinstance(node, list):
+        return [_renamed_refs(v, renames) for v in node]
+    return node
+
+
+def _hoisted(params: dict[str, Any], index: int, defs: dict[str, Any]) -> dict[str, Any]:
+    """One tool's parameters without their `$defs` (and `definitions`), which move into
+    `defs` (the combined schema's root, where `#/$defs/...` resolves); a name another tool
+    already uses for a different schema is renamed, its references with it."""
+    renames: dict[str, str] = {}
+    for key in _DEF_KEYS:
+        own = params.get(key)
+        if not isinstance(own, dict):
+            continue
+        for name, schema in own.items():
+            new = name
+            if new in defs and defs[new] != schema:
+                new = f"{name}_{index}"
+            renames[f"#/{key}/{name}"] = f"#/$defs/{new}"
+            defs[new] = schema
+    if not renames:
+        return params
+    rest = {k: v for k, v in params.items() if k not in _DEF_KEYS}
+    for name, schema in list(defs.items()):
+        defs[name] = _renamed_refs(schema, renames)
+    return dict(_renamed_refs(rest, renames))
+
+
 def forced_structure(req: GenerationRequest) -> StructuredOutput | None:
     """The JSON schema a required or named tool choice samples under (None otherwise)."""
     if req.tool_choice == "function":
         tool = next(t for t in req.tools if t.name == req.tool_function)
-        return StructuredOutput("json_schema", json.dumps(_params(tool)))
+        return StructuredOutput("json_schema", json.dumps(_params(tool)), source="chat.tools")
     if req.tool_choice != "required":
         return None
+    defs: dict[str, Any] = {}
     one_of_each = [
         {
             "type": "object",
-            "properties": {"name": {"type": "string", "enum": [t.name]}, "parameters": _params(t)},
+            "properties": {
+                "name": {"type": "string", "enum": [t.name]},
+                "parameters": _hoisted(_params(t), i, defs),
+            },
             "required": ["name", "parameters"],
         }
-        for t in req.tools
+        for i, t in enumerate(req.tools)
     ]
     schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": one_of_each}}
     if not req.parallel_tool_calls:
         schema["maxItems"] = 1
-    return StructuredOutput("json_schema", json.dumps(schema))
+    if defs:
+        schema["$defs"] = defs
+    return StructuredOutput("json_schema", json.dumps(schema), source="chat.tools")
 
 
 class NamedCall:

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import importlib.metadata
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import openai
 import pytest
+from pydantic import BaseModel
 
 from edge.api.pages import VLLM_API_VERSION
 from tests.integration.edge_fixtures import Stack, stack
@@ -89,3 +91,48 @@ def test_continuous_usage_is_on_every_chunk_the_finish_chunk_too(
     assert all(c.usage is not None for c in rest)
     assert rest[-1].choices == [] and rest[-1].usage.completion_tokens == 6 * n  # type: ignore[union-attr]
     assert finishes[-1].usage.completion_tokens == 6 * n  # type: ignore[union-attr]
+
+
+class Place(BaseModel):
+    city: str
+
+
+class Trip(BaseModel):
+    start: Place
+    end: Place
+
+
+def test_required_tool_with_defs_and_refs_is_served(client: openai.OpenAI) -> None:
+    tools: Any = [
+        {"type": "function", "function": {"name": "plan", "parameters": Trip.model_json_schema()}},
+        {
+            "type": "function",
+            "function": {"name": "visit", "parameters": Place.model_json_schema()},
+        },
+    ]
+    assert "$defs" in tools[0]["function"]["parameters"]
+    for _ in range(3):
+        got = client.chat.completions.create(
+            model="", messages=ASK, tools=tools, tool_choice="required", temperature=1
+        )
+        calls = got.choices[0].message.tool_calls
+        assert calls and got.choices[0].finish_reason == "tool_calls"
+        for call in calls:
+            model = Trip if call.function.name == "plan" else Place
+            model.model_validate_json(call.function.arguments)
+
+
+def test_named_tool_cut_by_max_tokens_returns_no_call(client: openai.OpenAI) -> None:
+    tools: Any = [
+        {"type": "function", "function": {"name": "plan", "parameters": Trip.model_json_schema()}}
+    ]
+    choice: Any = {"type": "function", "function": {"name": "plan"}}
+    cut = client.chat.completions.create(
+        model="", messages=ASK, tools=tools, tool_choice=choice, max_tokens=2
+    )
+    assert cut.choices[0].finish_reason == "length"
+    assert not cut.choices[0].message.tool_calls
+    whole = client.chat.completions.create(model="", messages=ASK, tools=tools, tool_choice=choice)
+    calls = whole.choices[0].message.tool_calls
+    assert calls and len(calls) == 1
+    Trip.model_validate_json(calls[0].function.arguments)

@@ -160,3 +160,57 @@ def test_sim_refuses_regex_and_grammar_by_field() -> None:
         with pytest.raises(InvalidArgument) as info:
             structured_text(StructuredOutput(kind, "a+"), VOCAB, lambda n: 0)
         assert info.value.field == f"structured_output.{kind}"
+
+
+def _nested_tool(name: str, inner: dict) -> Tool:
+    """Parameters as Pydantic writes a model with a nested one: `$defs` and `$ref`s."""
+    return Tool(
+        name,
+        parameters={
+            "$defs": {"Place": inner},
+            "type": "object",
+            "properties": {"place": {"$ref": "#/$defs/Place"}},
+            "required": ["place"],
+        },
+    )
+
+
+def test_required_schema_hoists_defs_and_renames_clashing_ones() -> None:
+    city = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    code = {"type": "object", "properties": {"code": {"type": "integer"}}, "required": ["code"]}
+    req = GenerationRequest(
+        "r",
+        SamplingParams(),
+        messages=(),
+        tools=(_nested_tool("by_city", city), _nested_tool("by_code", code), WEATHER),
+        tool_choice="required",
+        parallel_tool_calls=True,
+    )
+    so = forced_structure(req)
+    assert so is not None and so.field == "chat.tools"
+    schema = json.loads(so.value)  # type: ignore[arg-type]
+    assert schema["$defs"] == {"Place": city, "Place_1": code}
+    validator = jsonschema.Draft202012Validator(schema)
+    validator.validate(
+        [
+            {"name": "by_city", "parameters": {"place": {"city": "Paris"}}},
+            {"name": "by_code", "parameters": {"place": {"code": 75}}},
+        ]
+    )
+    for bad in (
+        [{"name": "by_city", "parameters": {"place": {"code": 75}}}],
+        [{"name": "by_code", "parameters": {"place": {"city": "Paris"}}}],
+    ):
+        with pytest.raises(jsonschema.ValidationError):
+            validator.validate(bad)
+    named = forced_structure(
+        GenerationRequest(
+            "r",
+            SamplingParams(),
+            messages=(),
+            tools=req.tools,
+            tool_choice="function",
+            tool_function="by_code",
+        )
+    )
+    assert named is not None and json.loads(named.value) == req.tools[1].parameters  # type: ignore[arg-type]

@@ -26,7 +26,7 @@ def structured_text(so: StructuredOutput, words: tuple[str, ...], pick: Pick) ->
         return json.dumps({"answer": words[pick(len(words))]})
     if so.kind == "json_schema":
         schema = json.loads(so.value)  # type: ignore[arg-type]
-        value = _Instance(schema, words, pick).of(schema, 0)
+        value = _Instance(schema, words, pick, so.field).of(schema, 0)
         sep = (",", ":") if so.disable_any_whitespace else (", ", ": ")
         return json.dumps(value, separators=sep, ensure_ascii=False)
     raise InvalidArgument(
@@ -40,8 +40,9 @@ def pieces(text: str) -> list[str]:
 
 
 class _Instance:
-    def __init__(self, root: Any, words: tuple[str, ...], pick: Pick) -> None:
+    def __init__(self, root: Any, words: tuple[str, ...], pick: Pick, field: str) -> None:
         self.root = root
+        self.field = field
         self.words = words
         self.pick = pick
 
@@ -51,7 +52,7 @@ class _Instance:
             if not part:
                 continue
             if not isinstance(node, dict) or part not in node:
-                raise InvalidArgument("structured_output.json_schema", f"unresolved $ref {ref!r}")
+                raise InvalidArgument(self.field, f"unresolved $ref {ref!r}")
             node = node[part]
         return node
 
