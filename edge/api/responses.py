@@ -9,23 +9,13 @@ from typing import Any
 
 import orjson
 
-from edge.api import constraints, nesting
-from edge.api.schema import UINT32_MAX, GenRequest, common, int_field, refuse_unsupported
+from edge.api import constraints, fields, nesting
+from edge.api.schema import UINT32_MAX, GenRequest, common, int_field
 from edge.errors import invalid
 from edge.stream.job import Event
 from generated import sluice_pb2 as pb
 
 _dumps = orjson.dumps
-_UNSUPPORTED = (
-    "previous_response_id",
-    "conversation",
-    "background",
-    "prompt",
-    "reasoning",
-    "include",
-    "max_tool_calls",
-    "top_logprobs",
-)
 _ROLES = frozenset({"system", "developer", "user", "assistant"})
 _ECHO = ("temperature", "top_p", "max_output_tokens", "instructions", "metadata", "user")
 
@@ -127,18 +117,13 @@ def parse_responses(body: dict[str, Any]) -> GenRequest:
     `function_call` and `function_call_output` items), `instructions` (a system message
     first), `max_output_tokens`, sampling, `text.format`, function `tools`, `tool_choice`,
     `parallel_tool_calls`."""
-    refuse_unsupported(body, _UNSUPPORTED)
-    if body.get("store") is True:
-        raise invalid("store", "'store' is not supported: this server keeps no responses")
+    fields.check("responses", body)
     messages = _input(body)
     instructions = body.get("instructions")
     if instructions is not None:
         if not isinstance(instructions, str):
             raise invalid("instructions", "'instructions' must be a string")
         messages.insert(0, pb.ChatMessage(role="system", content=instructions))
-    for name in ("n", "stop", "stream_options", "response_format", "logprobs"):
-        if name in body:
-            raise invalid(name, f"'{name}' is not a Responses API parameter")
     req = GenRequest(kind="responses", messages=messages)
     common(body, req)
     req.structured = _text_format(body)

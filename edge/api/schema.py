@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from edge.api import constraints, nesting
+from edge.api import constraints, fields, nesting
 from edge.api.priority import check_tier
 from edge.errors import ApiError, invalid
 from generated import sluice_pb2 as pb
@@ -20,10 +20,6 @@ UINT64_MASK = 2**64 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_MODEL_NAME = 256
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for /v1/completions
-# Parameters we cannot honour: refused when set to anything but their "off" value, so a
-# client never silently gets a different behaviour than it asked for.
-_UNSUPPORTED_CHAT = ("functions", "function_call", "audio", "modalities", "prediction")
-_UNSUPPORTED_COMPLETION = ("suffix",)
 MAX_N = 16  # the contract's limit
 
 Kind = Literal["chat", "completion", "responses"]
@@ -199,12 +195,6 @@ def _stop(body: dict[str, Any]) -> list[str]:
     return stops
 
 
-def refuse_unsupported(body: dict[str, Any], names: tuple[str, ...]) -> None:
-    for name in names:
-        if body.get(name):
-            raise invalid(name, f"'{name}' is not supported by this server")
-
-
 def common(body: dict[str, Any], req: GenRequest) -> None:
     """Fields shared by both endpoints."""
     req.model = _str(body, "model", MAX_MODEL_NAME) or ""
@@ -294,7 +284,7 @@ def _messages(body: dict[str, Any]) -> list[pb.ChatMessage]:
 
 def parse_chat(body: dict[str, Any]) -> GenRequest:
     """A /v1/chat/completions body -> GenRequest, or a 400."""
-    refuse_unsupported(body, _UNSUPPORTED_CHAT)
+    fields.check("chat", body)
     req = GenRequest(kind="chat", messages=_messages(body))
     common(body, req)
     req.tools = constraints.tools(body)
@@ -329,9 +319,7 @@ def _prompt(body: dict[str, Any]) -> str:
 
 def parse_completion(body: dict[str, Any]) -> GenRequest:
     """A /v1/completions body -> GenRequest, or a 400."""
-    refuse_unsupported(body, _UNSUPPORTED_COMPLETION)
-    if _bool(body, "echo"):
-        raise invalid("echo", "'echo' is not supported by this server")
+    fields.check("completion", body)
     req = GenRequest(kind="completion", prompt=_prompt(body))
     common(body, req)
     max_tokens = _int(body, "max_tokens", 1, UINT32_MAX)

@@ -3,13 +3,39 @@ send, checked field by field against what vLLM's request models do."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from edge.api.schema import decode_body, parse_chat
+from edge.api.fields import CHAT as CHAT_FIELDS
+from edge.api.fields import COMPLETION, Endpoint, readme_with_table
+from edge.api.responses import parse_responses
+from edge.api.schema import decode_body, parse_chat, parse_completion
 from edge.errors import ApiError
+
+PARSERS = {"chat": parse_chat, "completion": parse_completion, "responses": parse_responses}
+_COMMON = {
+    "add_special_tokens", "allowed_token_ids", "bad_words", "cache_salt", "ec_transfer_params",
+    "echo", "frequency_penalty", "ignore_eos", "include_stop_str_in_output",
+    "kv_transfer_params", "length_penalty", "logit_bias", "logprob_token_ids", "logprobs",
+    "max_tokens", "min_p", "min_tokens", "mm_payload", "model", "n", "presence_penalty",
+    "priority", "prompt_logprobs", "repetition_detection", "repetition_penalty", "request_id",
+    "response_format", "return_mm_kwargs", "return_token_ids", "return_token_offsets",
+    "return_tokens_as_token_ids", "routed_experts_prompt_start", "seed", "session_id",
+    "skip_special_tokens", "spaces_between_special_tokens", "stop", "stop_token_ids",
+    "stream", "stream_interval", "stream_options", "structured_outputs", "temperature",
+    "thinking_token_budget", "top_k", "top_p", "truncate_prompt_tokens", "truncation_side",
+    "use_beam_search", "user", "vllm_xargs", "watermarking",
+}  # fmt: skip
+VLLM_CHAT = _COMMON | {
+    "add_generation_prompt", "chat_template", "chat_template_kwargs", "continue_final_message",
+    "documents", "include_reasoning", "max_completion_tokens", "media_io_kwargs", "messages",
+    "mm_processor_kwargs", "parallel_tool_calls", "reasoning_effort", "return_prompt_text",
+    "tool_choice", "tools", "top_logprobs",
+}  # fmt: skip
+VLLM_COMPLETION = _COMMON | {"prompt", "prompt_embeds", "suffix"}
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -54,3 +80,52 @@ def test_logit_bias_bias_error_names_every_bad_key() -> None:
     assert (err.status, err.param) == (400, "logit_bias")
     assert all(f"'{k}'" in err.message for k in ("1", "3", "4"))
     assert "'2'" not in err.message
+
+
+def test_readme_field_list_is_the_table() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert readme_with_table(readme) == readme
+    stale = readme.replace("| `seed` | served |", "| `seed` | ignored |")
+    assert readme_with_table(stale) != stale
+
+
+def test_every_vllm_field_is_decided() -> None:
+    # vLLM 0.32's request models' fields (ChatCompletionRequest, CompletionRequest).
+    assert VLLM_CHAT - set(CHAT_FIELDS) == set()
+    assert VLLM_COMPLETION - set(COMPLETION) == set()
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "body", "param"),
+    [
+        ("chat", {**CHAT, "no_such_parameter": 1}, "no_such_parameter"),
+        ("chat", {**CHAT, "use_beam_search": True}, "use_beam_search"),
+        ("chat", {**CHAT, "skip_special_tokens": False}, "skip_special_tokens"),
+        ("chat", {**CHAT, "add_generation_prompt": False}, "add_generation_prompt"),
+        ("chat", {**CHAT, "length_penalty": 2}, "length_penalty"),
+        ("chat", {**CHAT, "echo": 0}, "echo"),
+        ("completion", {"prompt": "hi", "max_token": 3}, "max_token"),
+        ("completion", {"prompt": "hi", "suffix": "x"}, "suffix"),
+        ("responses", {"input": "hi", "n": 2}, "n"),
+        ("responses", {"input": "hi", "store": True}, "store"),
+    ],
+)
+def test_fields_refused_by_name(endpoint: Endpoint, body: dict[str, Any], param: str) -> None:
+    with pytest.raises(ApiError) as info:
+        PARSERS[endpoint](body)
+    assert (info.value.status, info.value.param) == (400, param)
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "body"),
+    [
+        ("chat", {**CHAT, "use_beam_search": False, "skip_special_tokens": True}),
+        ("chat", {**CHAT, "add_generation_prompt": True, "length_penalty": 1.0}),
+        ("chat", {**CHAT, "metadata": {"a": "b"}, "store": True, "request_id": "x"}),
+        ("chat", {**CHAT, "reasoning_effort": "low", "modalities": ["text"]}),
+        ("completion", {"prompt": "hi", "echo": False, "suffix": ""}),
+        ("responses", {"input": "hi", "store": False, "reasoning": {"effort": "low"}}),
+    ],
+)
+def test_off_values_and_ignored_fields_pass(endpoint: Endpoint, body: dict[str, Any]) -> None:
+    PARSERS[endpoint](body)
