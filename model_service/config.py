@@ -143,7 +143,10 @@ class EngineConfig:
     max_model_len: int = option(2048, "--max-model-len", "context length, tokens")
     max_num_seqs: int = option(32, "--max-num-seqs", "batch slots")
     default_max_tokens: int = option(
-        512, "--default-max-tokens", "max_tokens of a start that sets none"
+        0,
+        "--default-max-tokens",
+        "max_tokens of a start that sets none, bounded by the context "
+        "(0: no cap, the rest of the context, as vLLM's server)",
     )
     sim: SimOptions = field(default_factory=SimOptions)
     vllm: VllmOptions = field(default_factory=VllmOptions)

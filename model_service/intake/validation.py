@@ -168,8 +168,8 @@ def resolve_max_tokens(req: GenerationRequest, model: ModelInfo, prompt_tokens: 
             f"{model.max_model_len} tokens",
         )
     wanted = req.sampling.max_tokens
-    if wanted is None:
-        return min(model.default_max_tokens, room)
+    if wanted is None:  # as vLLM's server: the rest of the context, under the cap if any
+        return room if model.default_max_tokens <= 0 else min(model.default_max_tokens, room)
     if wanted > room:
         raise InvalidArgument(
             "sampling.max_tokens",

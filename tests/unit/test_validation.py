@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from model_service.config import EngineConfig
 from model_service.config import LimitsConfig as Limits
 from model_service.errors import InvalidArgument, NotFound
 from model_service.intake.validation import resolve_max_tokens, validate_request
@@ -71,3 +72,11 @@ def test_max_tokens_fits_context_window():
     with pytest.raises(InvalidArgument) as e:
         resolve_max_tokens(req(), MODEL, 100)
     assert e.value.field == "prompt"
+
+
+def test_without_max_tokens_the_rest_of_the_context_as_vllm() -> None:
+    uncapped = ModelInfo(id="m", max_model_len=100, engine="sim", default_max_tokens=0)
+    assert resolve_max_tokens(req(), uncapped, 10) == 90
+    assert resolve_max_tokens(req(), uncapped, 99) == 1
+    assert resolve_max_tokens(req(max_tokens=5), uncapped, 10) == 5
+    assert EngineConfig().default_max_tokens == 0  # no cap unless configured

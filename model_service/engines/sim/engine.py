@@ -214,6 +214,8 @@ class SimEngine(Engine):
             prompt_ids = await self.tokenize(request)
         sp = request.sampling
         max_tokens = sp.max_tokens or self.config.default_max_tokens
+        if not max_tokens:  # not resolved by the core: the rest of the context
+            max_tokens = max(1, self.config.max_model_len - len(prompt_ids))
         if request.request_id in self._requests:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         req = _SimRequest(

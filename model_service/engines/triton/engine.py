@@ -151,9 +151,9 @@ class TritonEngine(Engine):
         ids = request.prompt_token_ids
         if ids is None:
             ids = await self.tokenize(request)
-        inputs = request_inputs(
-            self._text(request), request.sampling, self.config.default_max_tokens, self._flags
-        )
+        # Resolved by the core; a caller that skips it gets the cap or the rest of the context.
+        fallback = self.config.default_max_tokens or max(1, self.config.max_model_len - len(ids))
+        inputs = request_inputs(self._text(request), request.sampling, fallback, self._flags)
 
         async def one_request() -> AsyncIterator[dict[str, Any]]:
             yield {
@@ -165,7 +165,7 @@ class TritonEngine(Engine):
         call = self._client.stream_infer(one_request())
         self._calls[request.request_id] = call
         prompt_tokens, completion, finished = len(ids), 0, False
-        max_tokens = request.sampling.max_tokens or self.config.default_max_tokens
+        max_tokens = request.sampling.max_tokens or fallback
         try:
             async for result, error in _responses(call):
                 if error is not None:

@@ -261,7 +261,7 @@ class VllmEngine(Engine):
                 logprobs=sp.logprobs,
                 ignore_eos=sp.ignore_eos,
                 min_tokens=sp.min_tokens,
-                max_tokens=sp.max_tokens or self.config.default_max_tokens,
+                max_tokens=sp.max_tokens or self.config.default_max_tokens or None,
                 output_kind=RequestOutputKind.DELTA,
             )
         except (ValueError, VLLMClientError) as exc:
