@@ -71,16 +71,21 @@ def _report(task: asyncio.Task[None]) -> None:
         log.error("background task %r crashed", task.get_name(), exc_info=exc)
 
 
+SESSION_LOOKAHEAD_BYTES = 4 << 20
+
+
 def channels(config: EdgeConfig) -> ChannelFactory:
     """How this process opens worker channels (TLS when configured)."""
+    window = config.stream.stream_buffer_bytes
+    # A session's HTTP/2 window is shared by its generations, each bounded in-band.
+    lookahead = (
+        max(window, SESSION_LOOKAHEAD_BYTES) if config.routing.upstream == "session" else window
+    )
     return ChannelFactory(
-        channel_options(
-            config.routing.keepalive_s,
-            config.routing.keepalive_timeout_s,
-            config.stream.stream_buffer_bytes,
-        ),
+        channel_options(config.routing.keepalive_s, config.routing.keepalive_timeout_s, lookahead),
         tls.credentials(config.worker_tls),
         config.worker_tls.server_name,
+        stream_window_bytes=window,
     )
 
 

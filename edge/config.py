@@ -95,6 +95,12 @@ class RoutingConfig:
     admin_key: str = option(
         "", "--admin-key", f"Bearer key of /admin and /metrics (default ${ADMIN_KEY_ENV})"
     )
+    # How generations ride to workers: `session` (a few long-lived Session RPCs per
+    # worker carry them all, one frame per engine step) or `simple` (one Generate RPC each).
+    upstream: str = option(
+        "session", "--upstream", "session or simple RPCs to workers", choices=("session", "simple")
+    )
+    sessions_per_worker: int = option(2, "--sessions-per-worker", "Session RPCs per worker")
     max_tries: int = option(3, "--max-tries", "attempts per request, each on another worker")
     retry_budget_s: float = option(5.0, "--retry-budget", "seconds to find a replacement")
     continue_on_failure: str = option(

@@ -51,7 +51,7 @@ class GenerateRequest(_message.Message):
     def __init__(self, start: _Optional[_Union[StartGeneration, _Mapping]] = ..., cancel: _Optional[_Union[CancelGeneration, _Mapping]] = ...) -> None: ...
 
 class StartGeneration(_message.Message):
-    __slots__ = ("request_id", "model", "chat", "prompt", "sampling", "timeout_ms", "multiplexed", "stamp_times", "detach_grace_ms", "structured_output", "stream_usage", "priority", "tenant")
+    __slots__ = ("request_id", "model", "chat", "prompt", "sampling", "timeout_ms", "multiplexed", "stamp_times", "detach_grace_ms", "structured_output", "stream_usage", "priority", "tenant", "trace_id", "traceparent", "tracestate")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +65,9 @@ class StartGeneration(_message.Message):
     STREAM_USAGE_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
+    TRACE_ID_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    TRACESTATE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     chat: ChatInput
@@ -78,7 +81,10 @@ class StartGeneration(_message.Message):
     stream_usage: bool
     priority: Priority
     tenant: str
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., chat: _Optional[_Union[ChatInput, _Mapping]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., timeout_ms: _Optional[int] = ..., multiplexed: _Optional[bool] = ..., stamp_times: _Optional[bool] = ..., detach_grace_ms: _Optional[int] = ..., structured_output: _Optional[_Union[StructuredOutput, _Mapping]] = ..., stream_usage: _Optional[bool] = ..., priority: _Optional[_Union[Priority, str]] = ..., tenant: _Optional[str] = ...) -> None: ...
+    trace_id: str
+    traceparent: str
+    tracestate: str
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., chat: _Optional[_Union[ChatInput, _Mapping]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., timeout_ms: _Optional[int] = ..., multiplexed: _Optional[bool] = ..., stamp_times: _Optional[bool] = ..., detach_grace_ms: _Optional[int] = ..., structured_output: _Optional[_Union[StructuredOutput, _Mapping]] = ..., stream_usage: _Optional[bool] = ..., priority: _Optional[_Union[Priority, str]] = ..., tenant: _Optional[str] = ..., trace_id: _Optional[str] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ...) -> None: ...
 
 class StructuredOutput(_message.Message):
     __slots__ = ("json_schema", "json_object", "regex", "choice", "grammar", "disable_any_whitespace")
@@ -206,6 +212,64 @@ class CancelGeneration(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+
+class SessionRequest(_message.Message):
+    __slots__ = ("actions",)
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    actions: _containers.RepeatedCompositeFieldContainer[SessionAction]
+    def __init__(self, actions: _Optional[_Iterable[_Union[SessionAction, _Mapping]]] = ...) -> None: ...
+
+class SessionAction(_message.Message):
+    __slots__ = ("options", "start", "cancel", "detach", "attach", "ack")
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    DETACH_FIELD_NUMBER: _ClassVar[int]
+    ATTACH_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    options: SessionOptions
+    start: StartGeneration
+    cancel: CancelGeneration
+    detach: DetachGeneration
+    attach: AttachGeneration
+    ack: AckGeneration
+    def __init__(self, options: _Optional[_Union[SessionOptions, _Mapping]] = ..., start: _Optional[_Union[StartGeneration, _Mapping]] = ..., cancel: _Optional[_Union[CancelGeneration, _Mapping]] = ..., detach: _Optional[_Union[DetachGeneration, _Mapping]] = ..., attach: _Optional[_Union[AttachGeneration, _Mapping]] = ..., ack: _Optional[_Union[AckGeneration, _Mapping]] = ...) -> None: ...
+
+class SessionOptions(_message.Message):
+    __slots__ = ("window_bytes",)
+    WINDOW_BYTES_FIELD_NUMBER: _ClassVar[int]
+    window_bytes: int
+    def __init__(self, window_bytes: _Optional[int] = ...) -> None: ...
+
+class DetachGeneration(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+
+class AttachGeneration(_message.Message):
+    __slots__ = ("request_id", "from_index")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_INDEX_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    from_index: int
+    def __init__(self, request_id: _Optional[str] = ..., from_index: _Optional[int] = ...) -> None: ...
+
+class AckGeneration(_message.Message):
+    __slots__ = ("request_id", "bytes")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    bytes: int
+    def __init__(self, request_id: _Optional[str] = ..., bytes: _Optional[int] = ...) -> None: ...
+
+class SessionFrame(_message.Message):
+    __slots__ = ("accepted", "entries")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    accepted: _containers.RepeatedScalarFieldContainer[str]
+    entries: _containers.RepeatedCompositeFieldContainer[GenerateResponse]
+    def __init__(self, accepted: _Optional[_Iterable[str]] = ..., entries: _Optional[_Iterable[_Union[GenerateResponse, _Mapping]]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("request_id", "index", "chunk", "final", "worker_time_ns")

@@ -40,6 +40,11 @@ class GenerationStub:
                 request_serializer=generated_dot_sluice__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=generated_dot_sluice__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.Session = channel.stream_stream(
+                '/sluice.v1.Generation/Session',
+                request_serializer=generated_dot_sluice__pb2.SessionRequest.SerializeToString,
+                response_deserializer=generated_dot_sluice__pb2.SessionFrame.FromString,
+                _registered_method=True)
         self.Resume = channel.unary_stream(
                 '/sluice.v1.Generation/Resume',
                 request_serializer=generated_dot_sluice__pb2.ResumeRequest.SerializeToString,
@@ -85,6 +90,28 @@ class GenerationServicer:
         `cancel` message, and a failure of one generation arrives in-band as that
         generation's `final` message (reason ERROR, with `error`), leaving the others alone.
         The RPC ends once the client half-closed and every generation has ended.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Session(self, request_iterator, context):
+        """A session: one long-lived stream carrying any number of generations, the edge's
+        form (one per few hundred generations; `Generate` stays for grpcurl and simple
+        callers). The client sends batches of actions; the worker sends frames, each with
+        every generation's new messages since the last one (one frame per engine step,
+        serialized once), and the ids of the generations it accepted since. Per generation:
+        - `start` opens it; it is listed in a frame's `accepted` once validated and admitted
+        (before its first message), or refused by a `final` (reason ERROR, with `error`:
+        status, field and retry hint) as its only message. A `final` with `error` after
+        acceptance is the generation's failure, as a simple RPC's status.
+        - the worker sends at most the session's `window_bytes` of a generation's messages
+        beyond what the client acknowledged (`ack`), so a client that stops reading one
+        generation never stalls the others; the rest waits in the generation's log.
+        - `cancel` aborts it; `detach` stops following it (it keeps running for its detach
+        grace and can be picked up again by `attach` or `Resume`); `attach` follows an
+        existing generation from `from_index` (after a session broke: on a new session).
+        A session that ends (either side, or broken) detaches every generation it followed.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -141,6 +168,11 @@ def add_GenerationServicer_to_server(servicer, server):
                     request_deserializer=generated_dot_sluice__pb2.GenerateRequest.FromString,
                     response_serializer=generated_dot_sluice__pb2.GenerateResponse.SerializeToString,
             ),
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
+                    request_deserializer=generated_dot_sluice__pb2.SessionRequest.FromString,
+                    response_serializer=generated_dot_sluice__pb2.SessionFrame.SerializeToString,
+            ),
             'Resume': grpc.unary_stream_rpc_method_handler(
                     servicer.Resume,
                     request_deserializer=generated_dot_sluice__pb2.ResumeRequest.FromString,
@@ -195,6 +227,33 @@ class Generation:
             '/sluice.v1.Generation/Generate',
             generated_dot_sluice__pb2.GenerateRequest.SerializeToString,
             generated_dot_sluice__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Session(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/sluice.v1.Generation/Session',
+            generated_dot_sluice__pb2.SessionRequest.SerializeToString,
+            generated_dot_sluice__pb2.SessionFrame.FromString,
             options,
             channel_credentials,
             insecure,

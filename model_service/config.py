@@ -173,6 +173,7 @@ class LimitsConfig:
     max_stop_length: int = 256
     max_request_id_bytes: int = 128
     max_generations_per_stream: int = 256
+    max_generations_per_session: int = 65_536
 
 
 @dataclass(slots=True)

@@ -37,9 +37,10 @@ from edge.routing.prefix import Prompt
 from edge.stream.ids import PART_DONE, Origin, ResumePoint, bad_event_id, not_yours
 from edge.stream.job import Format, Job
 from edge.stream.response import GenerationResponse
-from edge.upstream.calls import ResumeCall
+from edge.upstream.calls import GenerateCall, ResumeCall
 from edge.upstream.continuation import split_id
 from edge.upstream.failover import FailoverCall, Route
+from edge.upstream.session import open_session_call
 from generated import sluice_pb2 as pb
 
 TRACE_HEADER = "x-request-id"
@@ -175,8 +176,16 @@ async def _failover(
     # one generation, so it is never continued as a second one elsewhere.
     continuable = req.kind != "responses"
     route = Route(req.model, p.key, prompt)
+    open_call = open_session_call if state.config.routing.upstream == "session" else GenerateCall
     return FailoverCall(
-        registry, worker, start, timeout, p.trace_id, route=route, continuable=continuable
+        registry,
+        worker,
+        start,
+        timeout,
+        p.trace_id,
+        route=route,
+        continuable=continuable,
+        open_call=open_call,
     )
 
 

@@ -42,6 +42,8 @@ class ChannelFactory:
     options: list[tuple[str, int]] = field(default_factory=channel_options)
     credentials: grpc.ChannelCredentials | None = None
     server_name: str = ""
+    # Per generation on a session: what a worker may send ahead of a slow client.
+    stream_window_bytes: int = 256 * 1024
 
     def open(self, address: str) -> grpc.aio.Channel:
         if self.credentials is None:

@@ -18,6 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from edge.config import RoutingConfig
 from edge.errors import from_rpc_error
 from edge.upstream.channel import ChannelFactory
+from edge.upstream.session import SessionPool
 from generated import sluice_pb2 as pb
 from generated import sluice_pb2_grpc as pb_grpc
 from sluice_common.contract import SERVICE_NAME
@@ -85,6 +86,7 @@ class Worker:
         self.in_flight = 0  # this edge's calls on the worker now
         self.channel = channels.open(address)
         self.stub = pb_grpc.GenerationStub(self.channel)
+        self.sessions = SessionPool(self, opts.sessions_per_worker, channels.stream_window_bytes)
         self._health = health_pb2_grpc.HealthStub(self.channel)
         self.status: int = UNKNOWN
         self.models: list[pb.ModelInfo] = []
@@ -167,6 +169,7 @@ class Worker:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.sessions.close()
         await self.channel.close(grace=None)
 
     async def _watch(self) -> None:

@@ -17,6 +17,7 @@ from model_service.intake import decode
 from model_service.intake.validation import validate_request
 from model_service.rpc import replies
 from model_service.rpc.load import LoadReporter, intervals
+from model_service.rpc.session import SessionStream
 from model_service.rpc.status import abort_with
 from model_service.rpc.stream import GenerateStream, send_log
 from model_service.types import EngineStats
@@ -35,6 +36,11 @@ class GenerationServicer(pb_grpc.GenerationServicer):
     ) -> None:
         # The requests are read with `context.read()` (one hop less than the iterator).
         await GenerateStream(self.core, context).run()
+
+    async def Session(
+        self, request_iterator: AsyncIterator[pb.SessionRequest], context: grpc.aio.ServicerContext
+    ) -> None:
+        await SessionStream(self.core, context).run()
 
     async def Resume(self, request: pb.ResumeRequest, context: grpc.aio.ServicerContext) -> None:
         try:
@@ -107,11 +113,16 @@ class GenerationServicer(pb_grpc.GenerationServicer):
 
 
 def method_handlers(servicer: GenerationServicer) -> dict[str, grpc.RpcMethodHandler]:
-    """The service's handlers: `Generate` and `Resume` write bytes (no serializer)."""
+    """The service's handlers: `Generate`, `Session` and `Resume` write bytes (no serializer)."""
     return {
         "Generate": grpc.stream_stream_rpc_method_handler(
             servicer.Generate,
             request_deserializer=pb.GenerateRequest.FromString,
+            response_serializer=None,
+        ),
+        "Session": grpc.stream_stream_rpc_method_handler(
+            servicer.Session,
+            request_deserializer=pb.SessionRequest.FromString,
             response_serializer=None,
         ),
         "Resume": grpc.unary_stream_rpc_method_handler(

@@ -48,6 +48,34 @@ async def send_log(gen: Generation, i: int, context: grpc.aio.ServicerContext) -
         await gen.changed()
 
 
+async def prepare_start(
+    core: WorkerCore,
+    start: pb.StartGeneration,
+    deadline_s: float | None,
+    trace_id: str,
+    trace_headers: dict[str, str] | None,
+    refusal: SluiceError | None = None,
+) -> Generation:
+    """Prepare and launch one start (or refuse it with `refusal`); a refusal is counted,
+    logged and raised."""
+    try:
+        if refusal is not None:
+            raise refusal
+        gen = await core.prepare(start, deadline_s, trace_id)
+        gen.request.trace_headers = trace_headers
+    except Exception as exc:
+        err: SluiceError
+        if isinstance(exc, SluiceError):
+            err = exc
+        else:  # a worker bug: INTERNAL for this generation, never a hung stream
+            log.exception("preparing generation %r failed", start.request_id)
+            err = EngineError("the worker failed to start the generation")
+        core.refused(err, start.request_id, trace_id)
+        raise err from None
+    core.launch(gen)
+    return gen
+
+
 class GenerateStream:
     """One `Generate` RPC; `run()` is its handler (grpc's reader/writer API)."""
 
@@ -108,22 +136,11 @@ class GenerateStream:
     async def prepare(self, start: pb.StartGeneration, *, full: bool = False) -> Generation:
         """Prepare and launch one start; a refusal is counted, logged and raised."""
         self.started += 1
-        try:
-            if full:
-                raise FailedPrecondition("too many live generations on this stream")
-            gen = await self.core.prepare(start, self.context.time_remaining(), self.trace_id)
-            gen.request.trace_headers = self.trace_headers
-        except Exception as exc:
-            err: SluiceError
-            if isinstance(exc, SluiceError):
-                err = exc
-            else:  # a worker bug: INTERNAL for this generation, never a hung stream
-                log.exception("preparing generation %r failed", start.request_id)
-                err = EngineError("the worker failed to start the generation")
-            self.core.refused(err, start.request_id, self.trace_id)
-            raise err from None
-        self.core.launch(gen)
-        return gen
+        refusal = FailedPrecondition("too many live generations on this stream") if full else None
+        deadline = self.context.time_remaining()
+        return await prepare_start(
+            self.core, start, deadline, self.trace_id, self.trace_headers, refusal
+        )
 
     async def _watch(self, gen: Generation) -> None:
         """Simple mode, after the start: `cancel` ends the generation; another start or
