@@ -1,23 +1,8 @@
 """Sessions: the edge's generations ride on a few long-lived `Session` RPCs per worker.
-
-A `Session` is one RPC: a writer task sends every action queued since its last write in
-one `SessionRequest` (starts, acks, detaches of many generations), a reader task hands
-each frame's entries to their `SessionCall`s (one grpc receive per frame, not per token).
-`SessionCall` is an `UpstreamCall`, so failover, continuation and the responses above it
-see what a simple-mode `GenerateCall` gives them:
-
-- `admitted()` waits for the id in a frame's `accepted`, or for the refusal (an in-band
-  `final` with `error`, raised by `read()` as the RPC's status would be);
-- `read()` returns the generation's messages in index order, acknowledging consumed
-  bytes to the worker (its per-generation window; a slow client holds back only its own);
-- `cancel()` detaches: the worker keeps generating for the detach grace (resumable).
-
-A session broken while its worker lives (a network fault) is reopened at once and every
-accepted generation attached again by the next index it lacks, so no message is lost or
-repeated (the worker keeps them through a short grace); generations whose acceptance was
-in flight fail UNAVAILABLE and are retried before their first token. If the new session
-fails too (the worker is gone), every generation fails UNAVAILABLE: failover continues
-them elsewhere, as when a simple RPC's worker dies.
+`SessionCall` is an `UpstreamCall` (admitted on the in-band acceptance, refusals raised as
+the RPC's status, consumed bytes acked, cancel = detach); a session broken while its
+worker lives is reopened and every accepted generation re-attached by the next index it
+lacks; if the worker is gone every generation fails UNAVAILABLE and failover takes over.
 """
 
 from __future__ import annotations

@@ -282,6 +282,8 @@ class _NoChannel:
 class NoChannels:
     """A `ChannelFactory` of channels that never connect."""
 
+    stream_window_bytes = 256 * 1024
+
     def open(self, address: str) -> Any:
         return _NoChannel()
 
