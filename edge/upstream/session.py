@@ -16,6 +16,7 @@ import grpc
 
 from edge.errors import ApiError, from_rpc_error, from_status, from_status_code_number
 from generated import sluice_pb2 as pb
+from sluice_common.wakeup import Wakeup
 
 if TYPE_CHECKING:
     from edge.upstream.worker import Worker
@@ -31,10 +32,10 @@ class SessionCall:
     def __init__(self, session: Session, start: pb.StartGeneration) -> None:
         self.worker = session.worker
         self.request_id = start.request_id
-        self.start = start
         self._session = session
         self._queue: deque[pb.GenerateResponse] = deque()
-        self._waiter: asyncio.Future[None] | None = None
+        self._wakeup = Wakeup()
+        self._wake = self._wakeup.set
         self.accepted = False
         self.sent_on = -1  # the session RPC its start (or attach) went out on
         self.next_index = 0  # the next index due from the worker
@@ -46,11 +47,6 @@ class SessionCall:
         self.acked = 0
 
     # -- fed by the session -------------------------------------------------------------
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
 
     def accept(self) -> None:
         self.accepted = True
@@ -86,16 +82,9 @@ class SessionCall:
 
     # -- UpstreamCall -------------------------------------------------------------------
 
-    async def _wait(self) -> None:
-        self._waiter = asyncio.get_running_loop().create_future()
-        try:
-            await self._waiter
-        finally:
-            self._waiter = None
-
     async def admitted(self) -> bool:
         while not self.accepted and not self._queue and self._error is None:
-            await self._wait()
+            await self._wakeup.wait()
         return self.accepted and self._error is None
 
     async def read(self) -> pb.GenerateResponse:
@@ -104,7 +93,7 @@ class SessionCall:
             if self._error is not None:
                 self._done = True
                 raise self._error
-            await self._wait()
+            await self._wakeup.wait()
         msg = queue.popleft()
         if msg.WhichOneof("kind") == "final":
             self._done = True
@@ -304,10 +293,6 @@ class SessionPool:
     def open(self, start: pb.StartGeneration) -> SessionCall:
         session = min(self._sessions, key=lambda s: len(s.calls))
         return session.open(start)
-
-    @property
-    def live(self) -> int:
-        return sum(len(s.calls) for s in self._sessions)
 
     async def close(self) -> None:
         await asyncio.gather(*(s.close() for s in self._sessions))

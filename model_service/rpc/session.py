@@ -27,6 +27,7 @@ from model_service.obs import tracing
 from model_service.obs.logs import trace_id as metadata_trace_id
 from model_service.rpc.stream import prepare_start
 from model_service.types import FinishReason
+from sluice_common.wakeup import Wakeup
 
 log = logging.getLogger("sluice.worker")
 
@@ -81,14 +82,10 @@ class SessionStream:
         self.accepted: list[str] = []  # announced, not yet written
         self.refusals: list[bytes] = []  # in-band finals of refused starts and attaches
         self.reader_done = False
-        self._waiter: asyncio.Future[None] | None = None
+        self._wakeup = Wakeup()
+        self._wake = self._wakeup.set
 
     # -- wakeups ------------------------------------------------------------------------
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
 
     def _changed(self, gen: Generation) -> None:
         """A followed generation has a new entry or ended (its listener)."""
@@ -114,7 +111,6 @@ class SessionStream:
 
     async def _write(self) -> None:
         write = self.context.write
-        loop = asyncio.get_running_loop()
         while True:
             if self.accepted or self.refusals or self.ready:
                 frame = self._frame()
@@ -123,11 +119,7 @@ class SessionStream:
             elif self.reader_done and not self.follows:
                 return
             else:
-                self._waiter = loop.create_future()
-                try:
-                    await self._waiter
-                finally:
-                    self._waiter = None
+                await self._wakeup.wait()
 
     def _frame(self) -> bytes:
         """The next frame: ids accepted, refusals, then every ready generation's entries

@@ -21,6 +21,7 @@ from model_service.obs.logs import trace_id
 from model_service.rpc.status import abort_with
 from model_service.types import FinishReason
 from sluice_common.contract import ACCEPTED_KEY
+from sluice_common.wakeup import Wakeup
 
 log = logging.getLogger("sluice.worker")
 
@@ -172,14 +173,12 @@ class _Multiplexed:
         self.outbox: deque[bytes] = deque()  # in-band refusals
         self.fatal: SluiceError | None = None
         self.reader_done = False
-        self._waiter: asyncio.Future[None] | None = None
+        self._wakeup = Wakeup()
 
     def _notify(self, gen: Generation | None = None) -> None:
         if gen is not None:
             self.ready[gen] = None
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        self._wakeup.set()
 
     async def run(self, first: pb.StartGeneration) -> None:
         reader = asyncio.create_task(self._read(first))
@@ -193,7 +192,6 @@ class _Multiplexed:
 
     async def _write(self) -> None:
         write = self.context.write
-        loop = asyncio.get_running_loop()
         while True:
             if self.fatal is not None:
                 await abort_with(self.context, self.fatal)
@@ -213,11 +211,7 @@ class _Multiplexed:
             elif self.reader_done and not self.cursors:
                 return
             else:
-                self._waiter = loop.create_future()
-                try:
-                    await self._waiter
-                finally:
-                    self._waiter = None
+                await self._wakeup.wait()
 
     def _done(self, gen: Generation) -> None:
         """Its final message is written: stop following it."""

@@ -257,3 +257,36 @@ def test_a_session_cut_while_the_worker_lives_loses_and_repeats_nothing(worker):
     finally:
         edge.kill()
         proxy.close()
+
+
+async def test_odd_actions_get_in_band_answers_and_the_session_serves_on(worker):
+    """An empty action, unknown and past-the-end attaches, a live id started twice, a
+    1-byte window and an ack beyond what was sent: each answered (or harmless), and the
+    session's normal generation beside them completes exactly."""
+    async with grpc.aio.insecure_channel(worker.address) as ch:
+        s = RawSession(ch)
+        await s.send(
+            act(options=pb.SessionOptions(window_bytes=1)),
+            pb.SessionAction(),
+            act(attach=pb.AttachGeneration(request_id="nobody", from_index=0)),
+            act(start=start("twice", max_tokens=30)),
+            act(start=start("twice", max_tokens=30)),
+            act(ack=pb.AckGeneration(request_id="twice", bytes=2**64 - 1)),
+        )
+        served = lambda: [  # noqa: E731
+            m for m in s.entries["twice"] if m.HasField("final") and not m.final.HasField("error")
+        ]
+        await s.read_until(lambda: len(s.entries["nobody"]) == 1 and served())
+        [missing] = s.entries["nobody"]
+        assert missing.final.error.code == grpc.StatusCode.NOT_FOUND.value[0]
+        assert missing.final.error.field == "request_id"
+        errors = [m for m in s.entries["twice"] if m.final.HasField("error")]
+        assert [e.final.error.code for e in errors] == [grpc.StatusCode.ALREADY_EXISTS.value[0]]
+        good = [m for m in s.entries["twice"] if not m.final.HasField("error")]
+        assert [m.index for m in good] == list(range(len(good)))
+        assert joined(good) == joined(await simple(worker.address, start("ref", max_tokens=30)))
+        past = good[-1].index + 5
+        await s.send(act(attach=pb.AttachGeneration(request_id="twice", from_index=past)))
+        await s.read_until(lambda: s.entries["twice"][-1].index == past)
+        assert s.entries["twice"][-1].final.error.code == grpc.StatusCode.OUT_OF_RANGE.value[0]
+        s.call.cancel()
