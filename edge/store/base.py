@@ -54,6 +54,10 @@ class Store(Protocol):
         settlement) as one step."""
         ...
 
+    def holding(self, key: str) -> int:
+        """Leases of `key` this process holds now."""
+        ...
+
     async def get_pin(self, key: str, ttl_s: float) -> str | None:
         """The pool session `key` is pinned to, its lifetime renewed to `ttl_s`."""
         ...

@@ -45,5 +45,6 @@ class RedisConnection:
             raise StoreUnavailable(f"redis at {self.url}: {exc or type(exc).__name__}") from None
 
     async def close(self) -> None:
-        with contextlib.suppress(RedisError, OSError):
-            await self.client.aclose()
+        with contextlib.suppress(RedisError, OSError, TimeoutError):
+            async with asyncio.timeout(self.timeout_s):
+                await self.client.aclose()

@@ -1,7 +1,8 @@
 """A shared store with a failure rule: a `StoreUnavailable` marks it down for `retry_s`
 (operations meanwhile skip Redis), then the next tries it again, so recovery needs no
-restart. Open: this process's limits; closed: `StoreUnavailable` (503). Pins fall back to
-this process in both; a lease is released where it was taken."""
+restart. Open: this process's limits, counting the streams it holds in the shared store
+too (one replica never runs more than a limit alone); closed: `StoreUnavailable` (503).
+Pins fall back to this process in both; a lease is released where it was taken."""
 
 from __future__ import annotations
 
@@ -81,10 +82,18 @@ class Guarded:
         self.fallbacks += 1
         if not self.fail_open:
             raise self._refuse()
-        held = await self.local.acquire(key, lease, limit, ttl_s)
+        held = await self.local.acquire(key, lease, self._local_limit(key, limit), ttl_s)
         if held:
             self._local_leases.add((key, lease))
         return held
+
+    def _local_limit(self, key: str, limit: int) -> int:
+        """The slots left to this process while the shared store fails: `limit` less the
+        leases it holds there (its streams still running)."""
+        return max(0, limit - self.shared.holding(key))
+
+    def holding(self, key: str) -> int:
+        return self.shared.holding(key) + self.local.holding(key)
 
     async def release(self, key: str, lease: str) -> None:
         if (key, lease) in self._local_leases:
@@ -107,6 +116,7 @@ class Guarded:
         self.fallbacks += 1
         if not self.fail_open:
             raise self._refuse()
+        limit = self._local_limit(key, limit)
         wait, held = await self.local.admit(bucket, rate, burst, key, lease, limit, ttl_s)
         if held:
             self._local_leases.add((key, lease))

@@ -88,6 +88,9 @@ class MemoryStore:
         """Leases of `key` held now (tests, metrics)."""
         return len(self.leases.get(key, ()))
 
+    def holding(self, key: str) -> int:
+        return self.held(key)  # every holder is this process
+
     async def get_pin(self, key: str, ttl_s: float) -> str | None:
         pool = self.pins.get(key)
         if pool is not None:

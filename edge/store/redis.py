@@ -1,14 +1,15 @@
 """The store in Redis (`--store-url`): each check-and-update one Lua script on Redis's clock
-(`TIME`); leases renewed by their holder every third of their ttl; pins keys with a ttl
-(`GETEX`). Every key on one server (no cluster). Failures raise `StoreUnavailable` (a
-dead pooled connection retried once first, nothing else: `edge.store.connection`), and
-`edge.store.guarded` falls back at once instead of waiting."""
+(`TIME`), every key on one server; failures raise `StoreUnavailable` (a dead pooled
+connection retried once first: `connection.py`), `guarded.py` decides what that means.
+Redis losing its data: holders re-add their leases (renewals `RENEW_MAX_S` apart) while
+admissions wait `RECOVER_S`; a frozen Redis: a script past its deadline does nothing."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any
 
 from edge.store.base import StoreUnavailable
@@ -18,6 +19,13 @@ log = logging.getLogger("sluice.edge")
 
 # The scripts share these Lua functions (each script is a few lines over them).
 # `clock`: Redis's time in seconds (buckets) and whole ms (lease expiries).
+# `late`: the caller's deadline (ms on Redis's clock, 0: none) has passed: the caller
+# gave up waiting (its timeout), so the script must not take effect now.
+# `settled`: ms until the lease sets can be trusted again. The key `marker` lives as long
+# as the data: when it is missing, Redis lost everything (a restart, FLUSHALL, a failover)
+# and the holders of running streams re-assert their leases at their next renewal (at
+# most RENEW_MAX_S away); until then (`recover` ms) admissions wait. A process's very first
+# call (`first`) finds a new store, not a lost one, and sets the marker settled.
 # `take`: the bucket `key` (`tokens`, `stamp`) refilled to `now`, then `cost` taken if
 # there (or `force`); returns the wait (0 when taken). The hash expires once it would
 # be full again.
@@ -28,6 +36,19 @@ local function clock()
   local t = redis.call('TIME')
   local s, us = tonumber(t[1]), tonumber(t[2])
   return s + us / 1000000, s * 1000 + math.floor(us / 1000)
+end
+local function late(now_ms, deadline)
+  return deadline > 0 and now_ms > deadline
+end
+local function settled(marker, now_ms, recover, first)
+  local v = redis.call('GET', marker)
+  if not v then
+    local at = now_ms
+    if not first then at = now_ms + recover end
+    redis.call('SET', marker, at)
+    return at - now_ms
+  end
+  return math.max(0, tonumber(v) - now_ms)
 end
 local function take(key, now, rate, burst, cost, force)
   local v = redis.call('HMGET', key, 'tokens', 'stamp')
@@ -58,41 +79,55 @@ local function acquire(key, now_ms, lease, limit, ttl)
 end
 """
 
-# KEYS[1] bucket; ARGV rate, burst, cost, force (1/0). Returns the wait (s) as a string
-# (Lua numbers come back as integers otherwise).
+# Every script answers Redis's clock (ms) last, from which the caller keeps the offset
+# of Redis's clock to its own (`RedisStore._deadline`). A late call answers 'late'.
+
+# KEYS[1] bucket; ARGV rate, burst, cost, force (1/0), deadline. Returns {the wait (s)
+# as a string (Lua numbers come back as integers otherwise), now}.
 TAKE = (
     LIB
     + """
-local now = clock()
+local now, now_ms = clock()
+if late(now_ms, tonumber(ARGV[5])) then return {'late', now_ms} end
 local rate, burst, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-return tostring(take(KEYS[1], now, rate, burst, cost, ARGV[4] == '1'))
+return {tostring(take(KEYS[1], now, rate, burst, cost, ARGV[4] == '1')), now_ms}
 """
 )
 
-# KEYS[1] leases; ARGV lease, limit, ttl_ms. Returns 1 when held, 0 when full.
+# KEYS[1] leases, KEYS[2] marker; ARGV lease, limit, ttl_ms, deadline, recover_ms, first.
+# Returns {1 held / 0 full / 'late' / 'wait', ms to wait, now}.
 ACQUIRE = (
     LIB
     + """
 local _, now_ms = clock()
-return acquire(KEYS[1], now_ms, ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]))
+if late(now_ms, tonumber(ARGV[4])) then return {'late', 0, now_ms} end
+local wait = settled(KEYS[2], now_ms, tonumber(ARGV[5]), ARGV[6] == '1')
+if wait > 0 then return {'wait', wait, now_ms} end
+return {acquire(KEYS[1], now_ms, ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])), 0, now_ms}
 """
 )
 
-# KEYS[1] bucket, KEYS[2] leases; ARGV rate, burst, lease, limit, ttl_ms. One token,
-# then the lease only if the token was there (a full set keeps the token spent, as a
-# take and then an acquire would). Returns {wait as a string, 1 held / 0 not}.
+# KEYS[1] bucket, KEYS[2] leases, KEYS[3] marker; ARGV rate, burst, lease, limit, ttl_ms,
+# deadline, recover_ms, first. One token, then the lease only if the token was there (a
+# full set keeps the token spent, as a take and then an acquire would); nothing while
+# the lease sets settle. Returns {the wait as a string, 1 held / 0 not / 'wait' (then
+# the ms to wait) / 'late', ms, now}.
 ADMIT = (
     LIB
     + """
 local now, now_ms = clock()
+if late(now_ms, tonumber(ARGV[6])) then return {'0', 'late', 0, now_ms} end
+local settling = settled(KEYS[3], now_ms, tonumber(ARGV[7]), ARGV[8] == '1')
+if settling > 0 then return {'0', 'wait', settling, now_ms} end
 local wait = take(KEYS[1], now, tonumber(ARGV[1]), tonumber(ARGV[2]), 1, false)
-if wait > 0 then return {tostring(wait), 0} end
-return {'0', acquire(KEYS[2], now_ms, ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]))}
+if wait > 0 then return {tostring(wait), 0, 0, now_ms} end
+local held = acquire(KEYS[2], now_ms, ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]))
+return {'0', held, 0, now_ms}
 """
 )
 
 # KEYS[1] leases, KEYS[2] bucket; ARGV lease, rate, burst, cost. Lets the lease go and
-# takes `cost` by force (a settlement: negative gives back). Returns 1.
+# takes `cost` by force (a settlement: negative gives back; late is fine). Returns 1.
 FINISH = (
     LIB
     + """
@@ -103,17 +138,33 @@ return 1
 """
 )
 
-# KEYS the lease sets; ARGV[1] ttl_ms, then one lease per key. Renews those still held.
-RENEW = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+# KEYS[1] marker, then the lease sets; ARGV[1] ttl_ms, ARGV[2] recover_ms, then one lease
+# per lease set. Renews each lease, re-adding those the store lost (their streams run);
+# a missing marker (Redis lost everything) starts the settling time. Returns {leases
+# re-added, now}.
+RENEW = (
+    LIB
+    + """
+local _, now_ms = clock()
+settled(KEYS[1], now_ms, tonumber(ARGV[2]), false)
 local ttl = tonumber(ARGV[1])
-for i, key in ipairs(KEYS) do
-  redis.call('ZADD', key, 'XX', now + ttl, ARGV[i + 1])
-  redis.call('PEXPIRE', key, ttl * 2)
+local added = 0
+for i = 2, #KEYS do
+  added = added + redis.call('ZADD', KEYS[i], now_ms + ttl, ARGV[i + 1])
+  redis.call('PEXPIRE', KEYS[i], ttl * 2)
 end
-return #KEYS
+return {added, now_ms}
 """
+)
+
+# A holder renews its leases this often at most (a third of their ttl when shorter), so
+# after Redis lost them every running stream is counted again within RENEW_MAX_S; the
+# lease sets are left to settle for RECOVER_S (two renewals and a margin) meanwhile.
+RENEW_MAX_S = 1.0
+RECOVER_S = 2 * RENEW_MAX_S + 0.5
+# The share of `--store-timeout` a script may start within (the rest is for the answer
+# to come back): one that starts later does nothing.
+DEADLINE_SHARE = 0.8
 
 
 class RedisStore(RedisConnection):
@@ -128,44 +179,106 @@ class RedisStore(RedisConnection):
         self._finish = self.client.register_script(FINISH)
         self._renew = self.client.register_script(RENEW)
         self.held: dict[tuple[str, str], float] = {}  # (key, lease) -> ttl_s, renewed here
+        self.orphans: set[tuple[str, str]] = set()  # leases whose admission timed out
+        self.reasserted = 0  # leases re-added after the store lost them (metrics, tests)
         self._renewer: asyncio.Task[None] | None = None
+        self._first = True  # no script answered yet: a missing marker is a new store
+        self._offset_ms: float | None = None  # Redis's clock less this process's
 
     def key(self, kind: str, key: str) -> str:
         return f"{self.prefix}:{kind}:{key}"
 
+    @property
+    def marker(self) -> str:
+        return f"{self.prefix}:marker"
+
     async def ping(self) -> None:
         await self.call(self.client.ping())  # type: ignore[arg-type]
+
+    async def _script(self, script: Any, keys: list[str], args: list[Any]) -> list[Any]:
+        """Run `script`; keep Redis's clock offset from its answer (its last item)."""
+        sent = time.time() * 1000
+        got = await self.call(script(keys=keys, args=args))
+        self._offset_ms = float(got[-1]) - (sent + time.time() * 1000) / 2
+        self._first = False
+        return list(got)
+
+    def _deadline(self) -> int:
+        """The latest Redis time (ms) a script of this call may take effect at (0: no
+        offset known yet, no deadline)."""
+        if self._offset_ms is None:
+            return 0
+        return int(time.time() * 1000 + self._offset_ms + self.timeout_s * DEADLINE_SHARE * 1000)
+
+    def _late(self) -> StoreUnavailable:
+        return StoreUnavailable(f"redis at {self.url}: slower than the store timeout")
 
     async def take(
         self, key: str, rate: float, burst: float, cost: float = 1.0, force: bool = False
     ) -> float:
-        args: list[Any] = [repr(rate), repr(burst), repr(cost), "1" if force else "0"]
-        wait = await self.call(self._take(keys=[self.key("bucket", key)], args=args))
+        deadline = 0 if force else self._deadline()  # a settlement is owed, late or not
+        args: list[Any] = [repr(rate), repr(burst), repr(cost), "1" if force else "0", deadline]
+        wait, _ = await self._script(self._take, [self.key("bucket", key)], args)
+        if wait == "late":
+            raise self._late()
         return float(wait)
 
     async def acquire(self, key: str, lease: str, limit: int, ttl_s: float) -> bool:
-        ttl_ms = max(1, int(ttl_s * 1000))
-        args: list[Any] = [lease, limit, ttl_ms]
-        held = await self.call(self._acquire(keys=[self.key("leases", key)], args=args))
+        keys = [self.key("leases", key), self.marker]
+        for _ in range(3):
+            args: list[Any] = [lease, limit, max(1, int(ttl_s * 1000))]
+            args += [self._deadline(), int(RECOVER_S * 1000), "1" if self._first else "0"]
+            held, wait_ms, _ = await self._admitting(key, lease, self._acquire, keys, args)
+            if held != "wait":
+                break
+            await asyncio.sleep(wait_ms / 1000)
+        else:
+            raise StoreUnavailable(f"redis at {self.url}: still settling after a reset")
+        if held == "late":
+            raise self._late()
         if held:
-            self.held[(key, lease)] = ttl_s
-            self._start_renewer(ttl_s)
+            self._hold(key, lease, ttl_s)
         return bool(held)
-
-    async def release(self, key: str, lease: str) -> None:
-        self.held.pop((key, lease), None)
-        await self.call(self.client.zrem(self.key("leases", key), lease))
 
     async def admit(
         self, bucket: str, rate: float, burst: float, key: str, lease: str, limit: int, ttl_s: float
     ) -> tuple[float, bool]:
-        keys = [self.key("bucket", bucket), self.key("leases", key)]
-        args: list[Any] = [repr(rate), repr(burst), lease, limit, max(1, int(ttl_s * 1000))]
-        wait, held = await self.call(self._admit(keys=keys, args=args))
+        keys = [self.key("bucket", bucket), self.key("leases", key), self.marker]
+        for _ in range(3):
+            args: list[Any] = [repr(rate), repr(burst), lease, limit, max(1, int(ttl_s * 1000))]
+            args += [self._deadline(), int(RECOVER_S * 1000), "1" if self._first else "0"]
+            wait, held, wait_ms, _ = await self._admitting(key, lease, self._admit, keys, args)
+            if held != "wait":
+                break
+            await asyncio.sleep(wait_ms / 1000)
+        else:
+            raise StoreUnavailable(f"redis at {self.url}: still settling after a reset")
+        if held == "late":
+            raise self._late()
         if held:
-            self.held[(key, lease)] = ttl_s
-            self._start_renewer(ttl_s)
+            self._hold(key, lease, ttl_s)
         return float(wait), bool(held)
+
+    async def _admitting(
+        self, key: str, lease: str, script: Any, keys: list[str], args: list[Any]
+    ) -> list[Any]:
+        """A script that may hold `lease`. If the call fails the script may still run
+        (Redis frozen, then thawed), after its deadline it does nothing; the lease is an
+        orphan the renewer lets go, should it have run anyway."""
+        try:
+            return await self._script(script, keys, args)
+        except StoreUnavailable:
+            self.orphans.add((key, lease))
+            self._start_renewer(RENEW_MAX_S * 3)
+            raise
+
+    def _hold(self, key: str, lease: str, ttl_s: float) -> None:
+        self.held[(key, lease)] = ttl_s
+        self._start_renewer(ttl_s)
+
+    async def release(self, key: str, lease: str) -> None:
+        self.held.pop((key, lease), None)
+        await self.call(self.client.zrem(self.key("leases", key), lease))
 
     async def finish(
         self, key: str, lease: str, bucket: str, rate: float, burst: float, cost: float
@@ -174,6 +287,9 @@ class RedisStore(RedisConnection):
         keys = [self.key("leases", key), self.key("bucket", bucket)]
         args: list[Any] = [lease, repr(rate), repr(burst), repr(cost)]
         await self.call(self._finish(keys=keys, args=args))
+
+    def holding(self, key: str) -> int:
+        return sum(k == key for k, _ in self.held)
 
     async def get_pin(self, key: str, ttl_s: float) -> str | None:
         pool = await self.call(self.client.getex(self.key("pin", key), px=int(ttl_s * 1000)))
@@ -184,21 +300,31 @@ class RedisStore(RedisConnection):
 
     def _start_renewer(self, ttl_s: float) -> None:
         if self._renewer is None or self._renewer.done():
-            self._renewer = asyncio.get_running_loop().create_task(self._renew_loop(ttl_s))
+            every = min(ttl_s / 3, RENEW_MAX_S)
+            self._renewer = asyncio.get_running_loop().create_task(self._renew_loop(every))
 
-    async def _renew_loop(self, ttl_s: float) -> None:
-        """Every third of the ttl, renew every lease this process still holds (one script
-        call); a failure is logged and tried again next time, the leases living on for
-        the rest of their ttl meanwhile."""
-        while self.held:
-            await asyncio.sleep(ttl_s / 3)
+    async def _renew_loop(self, every: float) -> None:
+        """Every `every` s, renew every lease this process still holds (one script call),
+        re-adding those Redis lost, then let go the orphans and any lease released while
+        the renewal ran (it may have re-added it). A failure is logged and tried again
+        next time, the leases living on for the rest of their ttl meanwhile."""
+        while self.held or self.orphans:
+            await asyncio.sleep(every)
             held = list(self.held)
-            if not held:
-                continue
-            keys = [self.key("leases", k) for k, _ in held]
-            args: list[Any] = [int(ttl_s * 1000), *(lease for _, lease in held)]
             try:
-                await self.call(self._renew(keys=keys, args=args))
+                if held:
+                    keys = [self.marker, *(self.key("leases", k) for k, _ in held)]
+                    ttl_ms = int(max(self.held.get(h, every * 3) for h in held) * 1000)
+                    args: list[Any] = [ttl_ms, int(RECOVER_S * 1000)]
+                    args += [lease for _, lease in held]
+                    added, _ = await self._script(self._renew, keys, args)
+                    if added:
+                        self.reasserted += added
+                        log.warning("re-asserted %d stream leases the store had lost", added)
+                gone = self.orphans | {h for h in held if h not in self.held}
+                for k, lease in gone:
+                    await self.call(self.client.zrem(self.key("leases", k), lease))
+                    self.orphans.discard((k, lease))
             except StoreUnavailable as exc:
                 log.warning("could not renew %d stream leases: %s", len(held), exc)
 

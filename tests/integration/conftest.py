@@ -39,6 +39,10 @@ def vllm_worker() -> Iterator[Proc]:
         "--kv-cache-space-gb",
         "0.5",
         "--enforce-eager",
+        # The weights are bf16; bf16 arithmetic differs between CPUs with and without
+        # AVX512-BF16, and greedy answers with it. fp32 gives every machine one answer.
+        "--dtype",
+        "float32",
         # Tool choice auto through vLLM's Hermes parser (`<tool_call>{...}</tool_call>`).
         "--tool-call-parser",
         "hermes",
