@@ -5,12 +5,18 @@ grpc and `generated/` (never an engine), so any service can depend on it.
         gen = client.generate(messages=[("user", "Hi")], max_tokens=32, timeout=10)
         async for chunk in gen:
             print(chunk.text, end="")
+
+`client.generate` opens one `Generate` RPC per generation (simple mode). For many at once,
+`async with client.session() as s: gen = s.generate(...)` carries them all on one `Session`
+RPC (the same `Generation` interface: acceptance in-band, per-generation flow control).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
@@ -125,6 +131,146 @@ class Generation:
         self._call.cancel()
 
 
+class SessionGeneration:
+    """One generation on a `ClientSession`: the `Generation` interface (async-iterate its
+    chunks, then `final`; `text`, `cancel`), plus `detach` (stop following it)."""
+
+    def __init__(self, session: ClientSession, request_id: str) -> None:
+        self.request_id = request_id
+        self.final: pb.Final | None = None
+        self.last_index = -1
+        self._session = session
+        self._queue: deque[pb.GenerateResponse] = deque()
+        self._changed = asyncio.Event()
+        self._error: BaseException | None = None
+        self._consumed = 0  # serialized bytes read, for the ack
+        self._acked = 0
+
+    def _put(self, msg: pb.GenerateResponse) -> None:
+        self._queue.append(msg)
+        self._changed.set()
+
+    def _fail(self, error: BaseException) -> None:
+        self._error = error
+        self._changed.set()
+
+    def __aiter__(self) -> AsyncIterator[pb.TokenChunk]:
+        return self._chunks()
+
+    async def _chunks(self) -> AsyncIterator[pb.TokenChunk]:
+        try:
+            while True:
+                while not self._queue:
+                    if self._error is not None:
+                        raise self._error
+                    self._changed.clear()
+                    await self._changed.wait()
+                msg = self._queue.popleft()
+                self.last_index = msg.index
+                self._consumed += msg.ByteSize()
+                if self._consumed - self._acked >= self._session.window_bytes // 4:
+                    self._acked = self._consumed
+                    ack = pb.AckGeneration(request_id=self.request_id, bytes=self._acked)
+                    self._session.send(pb.SessionAction(ack=ack))
+                if msg.HasField("final"):
+                    self.final = msg.final
+                    if msg.final.HasField("error"):
+                        e = msg.final.error
+                        code = _STATUS.get(e.code, grpc.StatusCode.UNKNOWN)
+                        raise GenerationError(code, e.message, e.retry_after_ms / 1000)
+                    return
+                yield msg.chunk
+        finally:
+            self._session.forget(self)
+
+    async def text(self) -> str:
+        """Consume the generation and return its whole text."""
+        return "".join([c.text async for c in self])
+
+    def cancel(self) -> None:
+        """Ask the worker to stop; the generation then ends with reason CANCELLED."""
+        self._session.send(pb.SessionAction(cancel=pb.CancelGeneration(request_id=self.request_id)))
+
+    def detach(self) -> None:
+        """Stop following it (it runs on and may be resumed by its id)."""
+        self._session.send(pb.SessionAction(detach=pb.DetachGeneration(request_id=self.request_id)))
+        self._session.forget(self)
+        self._fail(GenerationError(grpc.StatusCode.CANCELLED, "detached"))
+
+
+_STATUS = {c.value[0]: c for c in grpc.StatusCode}
+
+
+class ClientSession:
+    """One `Session` RPC carrying any number of generations (see the module docstring).
+    A broken session fails its open generations with the RPC's status."""
+
+    def __init__(self, stub: pb_grpc.GenerationStub, window_bytes: int) -> None:
+        self.window_bytes = window_bytes or 256 * 1024
+        self._gens: dict[str, SessionGeneration] = {}
+        self._outbox: asyncio.Queue[pb.SessionAction | None] = asyncio.Queue()
+        self.send(pb.SessionAction(options=pb.SessionOptions(window_bytes=window_bytes)))
+        self._call = stub.Session(self._requests())
+        self._reader = asyncio.get_running_loop().create_task(self._read())
+
+    def send(self, action: pb.SessionAction) -> None:
+        self._outbox.put_nowait(action)
+
+    def forget(self, gen: SessionGeneration) -> None:
+        if self._gens.get(gen.request_id) is gen:
+            del self._gens[gen.request_id]
+
+    async def _requests(self) -> AsyncIterator[pb.SessionRequest]:
+        while (action := await self._outbox.get()) is not None:
+            actions = [action]
+            while not self._outbox.empty():  # every action queued meanwhile, one message
+                more = self._outbox.get_nowait()
+                if more is None:
+                    yield pb.SessionRequest(actions=actions)
+                    return
+                actions.append(more)
+            yield pb.SessionRequest(actions=actions)
+
+    async def _read(self) -> None:
+        error: BaseException = GenerationError(grpc.StatusCode.UNAVAILABLE, "session ended")
+        try:
+            async for frame in self._call:
+                for msg in frame.entries:
+                    gen = self._gens.get(msg.request_id)
+                    if gen is not None:
+                        gen._put(msg)
+        except grpc.aio.AioRpcError as err:
+            error = GenerationError.from_rpc(err)
+        except asyncio.CancelledError:
+            error = GenerationError(grpc.StatusCode.CANCELLED, "session closed")
+        for gen in list(self._gens.values()):
+            gen._fail(error)
+        self._gens.clear()
+
+    def generate(self, *, timeout: float | None = None, **kwargs: Any) -> SessionGeneration:
+        """Start a generation on this session; see `build_start` for the arguments."""
+        start = build_start(timeout=timeout, **kwargs)
+        if start.request_id in self._gens:
+            raise ValueError(f"request id {start.request_id!r} is open on this session")
+        gen = SessionGeneration(self, start.request_id)
+        self._gens[start.request_id] = gen
+        self.send(pb.SessionAction(start=start))
+        return gen
+
+    async def close(self) -> None:
+        """End the session: the worker ends its generations after a short grace."""
+        self._outbox.put_nowait(None)
+        self._call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+
+    async def __aenter__(self) -> ClientSession:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
 class SluiceClient:
     """One shared channel to a worker; any number of concurrent generations over it."""
 
@@ -146,6 +292,11 @@ class SluiceClient:
     def generate(self, *, timeout: float | None = None, **kwargs: Any) -> Generation:
         """Start a generation; see `build_start` for the arguments."""
         return Generation(self.stub, build_start(timeout=timeout, **kwargs), timeout)
+
+    def session(self, window_bytes: int = 0) -> ClientSession:
+        """A `Session` RPC for many generations (`window_bytes`: each one's flow-control
+        window; 0: the worker's default). Use as `async with client.session() as s`."""
+        return ClientSession(self.stub, window_bytes)
 
     async def _unary(self, method: Any, request: Any, timeout: float | None) -> Any:
         try:

@@ -531,3 +531,33 @@ async def test_a_resumed_stream_is_the_original_byte_for_byte(worker):
     assert msgs[-1].final.usage.completion_tokens == 25 and all(m.worker_time_ns for m in msgs)
     for rid, replay in replays.items():
         assert replay == [m.SerializeToString() for m in mixed if m.request_id == rid]
+
+
+async def test_python_client_session_form_matches_simple_mode(worker):
+    """Five generations on one `Session` through the client (a 512-byte window: acked as
+    read) give exactly what five simple-mode RPCs give; a refusal, a deadline and a cancel
+    beside them come back as in simple mode, and the others finish untouched (the test
+    worker takes eight at once)."""
+    kinds = [
+        dict(prompt=f"p{i}", temperature=0, max_tokens=60 + i, ignore_eos=True) for i in range(5)
+    ]
+    async with SluiceClient(worker.address) as client:
+        want = [await client.generate(request_id=f"s{i}", **k).text() for i, k in enumerate(kinds)]
+        async with client.session(window_bytes=512) as session:
+            gens = [session.generate(request_id=f"x{i}", **k) for i, k in enumerate(kinds)]
+            with pytest.raises(GenerationError) as bad:
+                await session.generate(prompt="hi", top_p=5.0).text()
+            assert bad.value.code == grpc.StatusCode.INVALID_ARGUMENT
+            with pytest.raises(GenerationError) as late:
+                await session.generate(
+                    prompt="slow", max_tokens=400, ignore_eos=True, timeout=0.2
+                ).text()
+            assert late.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+            stopped = session.generate(prompt="stop", max_tokens=400, ignore_eos=True)
+            async for _ in stopped:  # the first chunk, then cancel once
+                if stopped.last_index == 0:
+                    stopped.cancel()
+            got = await asyncio.gather(*(g.text() for g in gens))
+    assert got == want
+    assert [g.final.usage.completion_tokens for g in gens] == [60 + i for i in range(5)]
+    assert stopped.final is not None and stopped.final.reason == pb.FINISH_REASON_CANCELLED
