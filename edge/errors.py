@@ -24,6 +24,7 @@ _TRANSPORT_DETAIL = re.compile(
 # Contract field paths -> OpenAI request parameter names.
 _FIELD_RENAMES = {
     "chat.messages": "messages",
+    "prompt_tokens": "prompt",
     "chat.tools": "tools",
     "chat.tool_choice": "tool_choice",
     "sampling.logprobs": "logprobs",

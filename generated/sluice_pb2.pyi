@@ -51,11 +51,12 @@ class GenerateRequest(_message.Message):
     def __init__(self, start: _Optional[_Union[StartGeneration, _Mapping]] = ..., cancel: _Optional[_Union[CancelGeneration, _Mapping]] = ...) -> None: ...
 
 class StartGeneration(_message.Message):
-    __slots__ = ("request_id", "model", "chat", "prompt", "sampling", "timeout_ms", "multiplexed", "stamp_times", "detach_grace_ms", "structured_output", "stream_usage", "priority", "tenant", "trace_id", "traceparent", "tracestate")
+    __slots__ = ("request_id", "model", "chat", "prompt", "prompt_tokens", "sampling", "timeout_ms", "multiplexed", "stamp_times", "detach_grace_ms", "structured_output", "stream_usage", "priority", "tenant", "trace_id", "traceparent", "tracestate")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     MULTIPLEXED_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +73,7 @@ class StartGeneration(_message.Message):
     model: str
     chat: ChatInput
     prompt: str
+    prompt_tokens: TokenPrompt
     sampling: SamplingParams
     timeout_ms: int
     multiplexed: bool
@@ -84,7 +86,7 @@ class StartGeneration(_message.Message):
     trace_id: str
     traceparent: str
     tracestate: str
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., chat: _Optional[_Union[ChatInput, _Mapping]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., timeout_ms: _Optional[int] = ..., multiplexed: _Optional[bool] = ..., stamp_times: _Optional[bool] = ..., detach_grace_ms: _Optional[int] = ..., structured_output: _Optional[_Union[StructuredOutput, _Mapping]] = ..., stream_usage: _Optional[bool] = ..., priority: _Optional[_Union[Priority, str]] = ..., tenant: _Optional[str] = ..., trace_id: _Optional[str] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., chat: _Optional[_Union[ChatInput, _Mapping]] = ..., prompt: _Optional[str] = ..., prompt_tokens: _Optional[_Union[TokenPrompt, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., timeout_ms: _Optional[int] = ..., multiplexed: _Optional[bool] = ..., stamp_times: _Optional[bool] = ..., detach_grace_ms: _Optional[int] = ..., structured_output: _Optional[_Union[StructuredOutput, _Mapping]] = ..., stream_usage: _Optional[bool] = ..., priority: _Optional[_Union[Priority, str]] = ..., tenant: _Optional[str] = ..., trace_id: _Optional[str] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ...) -> None: ...
 
 class StructuredOutput(_message.Message):
     __slots__ = ("json_schema", "json_object", "regex", "choice", "grammar", "disable_any_whitespace")
@@ -107,6 +109,12 @@ class ChoiceList(_message.Message):
     CHOICES_FIELD_NUMBER: _ClassVar[int]
     choices: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, choices: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class TokenPrompt(_message.Message):
+    __slots__ = ("ids",)
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ChatInput(_message.Message):
     __slots__ = ("messages", "add_generation_prompt", "tools", "tool_choice", "parallel_tool_calls")

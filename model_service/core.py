@@ -73,8 +73,9 @@ class WorkerCore:
         self.store.admit()  # running replay logs under --replay-max-mb
         ticket = self.admission.admit(self.engine.stats(), req.priority, req.tenant)
         try:
-            ids = await self.engine.tokenize(req)
-            req.prompt_token_ids = ids
+            ids = req.prompt_token_ids  # given as token ids, or tokenized here
+            if ids is None:
+                ids = req.prompt_token_ids = await self.engine.tokenize(req)
             max_tokens = resolve_max_tokens(req, model, len(ids))
             if req.sampling.max_tokens != max_tokens:
                 req.sampling = replace(req.sampling, max_tokens=max_tokens)

@@ -98,7 +98,8 @@ class SamplingParams:
 class GenerationRequest:
     """One generation as the engine sees it.
 
-    Exactly one of `prompt` and `messages` is set. `prompt_token_ids` is filled by the
+    At most one of `prompt` and `messages` is set; with neither, the caller gave the prompt
+    as token ids (`prompt_token_ids`). Otherwise `prompt_token_ids` is filled by the
     servicer after tokenizing (so the engine need not tokenize twice).
     """
 
@@ -170,6 +171,7 @@ class ModelInfo:
     engine: str
     version: str = ""
     default_max_tokens: int = 512
+    vocab_size: int = 0  # token ids below it are valid prompt tokens (0: not checked)
 
 
 @dataclass(slots=True)

@@ -131,7 +131,7 @@ CHAT: dict[str, Field] = {
 }
 
 COMPLETION: dict[str, Field] = {
-    "prompt": served("one string"),
+    "prompt": served("one string or one list of token ids (batches refused)"),
     **_SAMPLING,
     "max_tokens": served("default 16, as OpenAI and vLLM"),
     "logprobs": served("up to 20"),

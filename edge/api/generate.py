@@ -165,7 +165,10 @@ async def _failover(
     # response, whatever it turns out to be. The prompt is hashed only for a cache_aware pool.
     req = p.req
     messages = None if req.messages is None else [(m.role, m.content) for m in req.messages]
-    prompt = Prompt(messages, req.prompt)
+    text = req.prompt
+    if req.prompt_tokens is not None:  # ids as text: a shared id prefix is a shared prefix
+        text = " ".join(map(str, req.prompt_tokens))
+    prompt = Prompt(messages, text)
     worker, p.key = await tracing.route_awaiting(
         affinity.place(state.sessions(), state.cookies, request, req.model, req.user, prompt)
     )

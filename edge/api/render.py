@@ -20,6 +20,8 @@ async def render(state: EdgeState, request: Request, kind: Kind) -> Response:
     body = decode_body(await read_body(request, cfg.server.max_body_bytes))
     req = parse_chat(body) if kind == "chat" else parse_completion(body)
     check_prompt(req, cfg.security.max_prompt_chars)
+    if req.prompt_tokens is not None:  # already tokens: nothing to render
+        return ORJSONResponse([{"request_id": new_request_id(), "token_ids": req.prompt_tokens}])
     tokenize = pb.TokenizeRequest(model=req.model)
     if req.messages is not None:
         tokenize.chat.messages.extend(req.messages)

@@ -33,6 +33,7 @@ class GenRequest:
     model: str = ""
     messages: list[pb.ChatMessage] | None = None
     prompt: str | None = None
+    prompt_tokens: list[int] | None = None  # a completions prompt given as token ids
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -108,6 +109,8 @@ class GenRequest:
                 chat.tool_choice.CopyFrom(self.tool_choice)
             if self.parallel_tool_calls is not None:
                 chat.parallel_tool_calls = self.parallel_tool_calls
+        elif self.prompt_tokens is not None:
+            start.prompt_tokens.ids.extend(self.prompt_tokens)
         else:
             start.prompt = self.prompt or ""
         return start
@@ -300,18 +303,34 @@ def parse_chat(body: dict[str, Any]) -> GenRequest:
     return req
 
 
-def _prompt(body: dict[str, Any]) -> str:
+def _is_token_id(v: Any) -> bool:
+    return type(v) is int and 0 <= v <= UINT32_MAX
+
+
+def _prompt(body: dict[str, Any]) -> str | list[int]:
+    """The prompt: a string, or token ids; OpenAI's one-element batch forms (`["text"]`,
+    `[[1, 2]]`) are the same. A batch of several is refused by name (not yet served)."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if prompt is None:
         raise invalid("prompt", "'prompt' is required")
     if isinstance(prompt, list):
+        if prompt and all(_is_token_id(v) for v in prompt):
+            return prompt
+        if prompt and all(isinstance(v, (str, list)) for v in prompt):
+            raise invalid(
+                "prompt",
+                f"'prompt' is a batch of {len(prompt)} prompts: send one prompt per request "
+                "(batches are not served yet)",
+            )
         raise invalid(
-            "prompt", "'prompt' must be one string (batches and token ids are not supported)"
+            "prompt",
+            "'prompt' must be a string or a non-empty list of token ids (integers from 0 "
+            f"to {UINT32_MAX})",
         )
     if not isinstance(prompt, str):
-        raise invalid("prompt", "'prompt' must be a string")
+        raise invalid("prompt", "'prompt' must be a string or a list of token ids")
     if not prompt:
         raise invalid("prompt", "'prompt' must not be empty")
     return prompt
@@ -320,7 +339,12 @@ def _prompt(body: dict[str, Any]) -> str:
 def parse_completion(body: dict[str, Any]) -> GenRequest:
     """A /v1/completions body -> GenRequest, or a 400."""
     fields.check("completion", body)
-    req = GenRequest(kind="completion", prompt=_prompt(body))
+    prompt = _prompt(body)
+    req = GenRequest(kind="completion")
+    if isinstance(prompt, str):
+        req.prompt = prompt
+    else:
+        req.prompt_tokens = prompt
     common(body, req)
     max_tokens = _int(body, "max_tokens", 1, UINT32_MAX)
     req.max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
@@ -354,7 +378,7 @@ def most_tokens(req: GenRequest) -> int:
     if req.messages is not None:
         chars = sum(len(m.content) for m in req.messages)
     else:
-        chars = len(req.prompt or "")
+        chars = len(req.prompt or "") + 4 * len(req.prompt_tokens or ())
     return (req.max_tokens or UNBOUNDED_RESERVE) * max(1, req.n) + chars // 4 + 1
 
 
@@ -364,8 +388,8 @@ def check_prompt(req: GenRequest, max_chars: int) -> None:
         return
     if req.messages is not None:
         size, param = sum(len(m.content) for m in req.messages), "messages"
-    else:
-        size, param = len(req.prompt or ""), "prompt"
+    else:  # token ids count about 4 characters each
+        size, param = len(req.prompt or "") + 4 * len(req.prompt_tokens or ()), "prompt"
     if size > max_chars:
         raise ApiError(
             400,

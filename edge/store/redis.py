@@ -160,8 +160,8 @@ return {added, now_ms}
 # A holder renews its leases this often at most (a third of their ttl when shorter), so
 # after Redis lost them every running stream is counted again within RENEW_MAX_S; the
 # lease sets are left to settle for RECOVER_S (two renewals and a margin) meanwhile.
-RENEW_MAX_S = 1.0
-RECOVER_S = 2 * RENEW_MAX_S + 0.5
+RENEW_MAX_S = 0.5
+RECOVER_S = 2 * RENEW_MAX_S + 0.25
 # The share of `--store-timeout` a script may start within (the rest is for the answer
 # to come back): one that starts later does nothing.
 DEADLINE_SHARE = 0.8
@@ -225,52 +225,42 @@ class RedisStore(RedisConnection):
 
     async def acquire(self, key: str, lease: str, limit: int, ttl_s: float) -> bool:
         keys = [self.key("leases", key), self.marker]
-        for _ in range(3):
-            args: list[Any] = [lease, limit, max(1, int(ttl_s * 1000))]
-            args += [self._deadline(), int(RECOVER_S * 1000), "1" if self._first else "0"]
-            held, wait_ms, _ = await self._admitting(key, lease, self._acquire, keys, args)
-            if held != "wait":
-                break
-            await asyncio.sleep(wait_ms / 1000)
-        else:
-            raise StoreUnavailable(f"redis at {self.url}: still settling after a reset")
-        if held == "late":
-            raise self._late()
-        if held:
-            self._hold(key, lease, ttl_s)
+        args: list[Any] = [lease, limit, max(1, int(ttl_s * 1000))]
+        held, _, _ = await self._admitting(key, lease, ttl_s, self._acquire, keys, args)
         return bool(held)
 
     async def admit(
         self, bucket: str, rate: float, burst: float, key: str, lease: str, limit: int, ttl_s: float
     ) -> tuple[float, bool]:
         keys = [self.key("bucket", bucket), self.key("leases", key), self.marker]
-        for _ in range(3):
-            args: list[Any] = [repr(rate), repr(burst), lease, limit, max(1, int(ttl_s * 1000))]
-            args += [self._deadline(), int(RECOVER_S * 1000), "1" if self._first else "0"]
-            wait, held, wait_ms, _ = await self._admitting(key, lease, self._admit, keys, args)
-            if held != "wait":
-                break
-            await asyncio.sleep(wait_ms / 1000)
-        else:
-            raise StoreUnavailable(f"redis at {self.url}: still settling after a reset")
-        if held == "late":
-            raise self._late()
-        if held:
-            self._hold(key, lease, ttl_s)
+        args: list[Any] = [repr(rate), repr(burst), lease, limit, max(1, int(ttl_s * 1000))]
+        wait, held, _, _ = await self._admitting(key, lease, ttl_s, self._admit, keys, args)
         return float(wait), bool(held)
 
     async def _admitting(
-        self, key: str, lease: str, script: Any, keys: list[str], args: list[Any]
+        self, key: str, lease: str, ttl_s: float, script: Any, keys: list[str], args: list[Any]
     ) -> list[Any]:
-        """A script that may hold `lease`. If the call fails the script may still run
-        (Redis frozen, then thawed), after its deadline it does nothing; the lease is an
-        orphan the renewer lets go, should it have run anyway."""
-        try:
-            return await self._script(script, keys, args)
-        except StoreUnavailable:
-            self.orphans.add((key, lease))
-            self._start_renewer(RENEW_MAX_S * 3)
-            raise
+        """Run a script that may hold `lease` (its answer ends: held, ms to wait, now), with
+        its deadline, waiting while the lease sets settle; a held lease is renewed from then
+        on. If the call fails the script may still run (Redis frozen, then thawed): past its
+        deadline it does nothing, and the lease is an orphan the renewer lets go."""
+        for _ in range(3):
+            tail = [self._deadline(), int(RECOVER_S * 1000), "1" if self._first else "0"]
+            try:
+                got = await self._script(script, keys, args + tail)
+            except StoreUnavailable:
+                self.orphans.add((key, lease))
+                self._start_renewer(RENEW_MAX_S * 3)
+                raise
+            held, wait_ms = got[-3], got[-2]
+            if held == "late":
+                raise self._late()
+            if held != "wait":
+                if held:
+                    self._hold(key, lease, ttl_s)
+                return got
+            await asyncio.sleep(wait_ms / 1000)
+        raise StoreUnavailable(f"redis at {self.url}: still settling after a reset")
 
     def _hold(self, key: str, lease: str, ttl_s: float) -> None:
         self.held[(key, lease)] = ttl_s

@@ -58,9 +58,12 @@ def may_continue(mode: str, start: pb.StartGeneration) -> bool:
     "sampled": only a sampled request without a seed (its text was one random draw; a
     continuation is as valid a draw). "always": greedy and seeded ones too (greedy goes on
     with the same text on the same model, up to tokenization at the cut; a seeded one loses
-    its reproducibility). "never": no continuation.
+    its reproducibility). "never": no continuation. Never a prompt given as token ids
+    (the edge has no tokenizer to append the text sent).
     """
     if constrained(start):
+        return False
+    if start.WhichOneof("input") == "prompt_tokens":  # no tokenizer here to extend it
         return False
     if mode == "always":
         return True

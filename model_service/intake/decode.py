@@ -104,7 +104,7 @@ def request_from_pb(start: pb.StartGeneration) -> GenerationRequest:
     """A StartGeneration as a domain request (validation happens separately)."""
     which = start.WhichOneof("input")
     if which is None:
-        raise InvalidArgument("input", "set either `chat` or `prompt`")
+        raise InvalidArgument("input", "set one of `chat`, `prompt` and `prompt_tokens`")
     req = GenerationRequest(
         request_id=start.request_id,
         sampling=sampling_from_pb(start.sampling),
@@ -122,6 +122,8 @@ def request_from_pb(start: pb.StartGeneration) -> GenerationRequest:
         req.structured = structured_from_pb(start.structured_output)
     if which == "chat":
         _chat_into(req, start.chat)
+    elif which == "prompt_tokens":
+        req.prompt_token_ids = list(start.prompt_tokens.ids)
     else:
         req.prompt = start.prompt
     return req

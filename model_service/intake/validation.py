@@ -29,14 +29,14 @@ def validate_request(req: GenerationRequest, model: ModelInfo, limits: LimitsCon
         raise NotFound(
             f"model {req.model!r} is not served here (serving {model.id!r})", field="model"
         )
-    _validate_input(req, limits)
+    _validate_input(req, model, limits)
     _validate_sampling(req, model, limits)
     if req.structured is not None:
         validate_structured(req.structured)
     _validate_tools(req)
 
 
-def _validate_input(req: GenerationRequest, limits: LimitsConfig) -> None:
+def _validate_input(req: GenerationRequest, model: ModelInfo, limits: LimitsConfig) -> None:
     if req.messages is not None:
         if not req.messages:
             raise InvalidArgument("chat.messages", "at least one message is required")
@@ -59,6 +59,16 @@ def _validate_input(req: GenerationRequest, limits: LimitsConfig) -> None:
             )
         if not any(m.content or m.tool_calls for m in req.messages):
             raise InvalidArgument("chat.messages", "all messages are empty")
+    elif req.prompt is None and req.prompt_token_ids is not None:
+        ids = req.prompt_token_ids
+        if not ids:
+            raise InvalidArgument("prompt_tokens", "must hold at least one token id")
+        if model.vocab_size and max(ids) >= model.vocab_size:
+            bad = next(i for i in ids if i >= model.vocab_size)
+            raise InvalidArgument(
+                "prompt_tokens",
+                f"token id {bad} is outside the model's vocabulary of {model.vocab_size}",
+            )
     else:
         prompt = req.prompt or ""
         if not prompt:
@@ -160,6 +170,8 @@ def _validate_tools(req: GenerationRequest) -> None:
 def resolve_max_tokens(req: GenerationRequest, model: ModelInfo, prompt_tokens: int) -> int:
     """Fit max_tokens into the context window once the prompt is tokenized."""
     field = "chat.messages" if req.messages is not None else "prompt"
+    if req.prompt is None and req.messages is None:
+        field = "prompt_tokens"
     room = model.max_model_len - prompt_tokens
     if room < 1:
         raise InvalidArgument(

@@ -20,6 +20,7 @@ import httpx
 import orjson
 import pytest
 
+from edge.store.redis import RECOVER_S
 from tests.integration.edge_fixtures import EDGE_ENV, wait_ready
 from tests.procs import Proc, start_edge, start_worker
 from tests.redis_proc import RedisServer, redis_server
@@ -316,10 +317,10 @@ def test_redis_stopped_fails_closed_with_503_then_recovers():
             wait_phase(load, "down", 20)
             load.phase = "back"
             f.redis.start()
-            eventually(
+            eventually(  # an empty Redis: the lease sets settle first (RECOVER_S)
                 lambda: load.seen.get("back", Counter())[200],
                 what="admitting again",
-                timeout=2,
+                timeout=2 + RECOVER_S,
             )
         finally:
             load.stop.set()

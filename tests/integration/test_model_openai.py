@@ -277,3 +277,26 @@ def test_every_priority_class_runs_on_vllm_priority_scheduling(client: openai.Op
         assert raw.headers["x-sluice-priority"] == header
         answers[header] = raw.parse().choices[0].message.content
     assert answers["high"] and answers["high"] == answers["normal"] == answers["low"]
+
+
+async def test_a_prompt_as_token_ids_answers_as_its_text(
+    client: openai.OpenAI, vllm_worker: Proc
+) -> None:
+    """Completions' token-id prompt forms (`[ids]`, `[[ids]]`) give vLLM exactly the text
+    prompt's tokens: the same greedy answer and usage, streamed and not; an id outside the
+    vocabulary is a 400 naming `prompt`."""
+    text = "The capital of France is"
+    async with SluiceClient(vllm_worker.address) as grpc_client:
+        ids = await grpc_client.tokenize(prompt=text)
+    kw: dict[str, Any] = dict(model="", max_tokens=12, temperature=0)
+    by_text = client.completions.create(prompt=text, **kw)
+    for prompt in (ids, [ids]):
+        by_ids = client.completions.create(prompt=prompt, **kw)
+        assert by_ids.choices[0].text == by_text.choices[0].text
+        assert by_ids.usage == by_text.usage
+    stream = client.completions.create(prompt=ids, stream=True, **kw)
+    assert "".join(c.choices[0].text for c in stream if c.choices) == by_text.choices[0].text
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(prompt=[*ids, 10**9], **kw)
+    assert isinstance(err.value.body, dict) and err.value.body.get("param") == "prompt"
+    assert "vocabulary" in str(err.value.body.get("message"))

@@ -259,6 +259,7 @@ RESUME_CASES = {
         },
     ),
     "n=3": ("/v1/chat/completions", {"messages": ASK, "n": 3, "max_tokens": 20}),
+    "token-id prompt": ("/v1/completions", {"prompt": [5, 17, 3, 40], "max_tokens": 20}),
     "usage per chunk": (
         "/v1/chat/completions",
         {

@@ -221,6 +221,9 @@ def _bad(**kw):
             "chat.messages[0].role",
         ),
         (_bad(chat=pb.ChatInput()), "chat.messages"),
+        (_bad(prompt_tokens=pb.TokenPrompt()), "prompt_tokens"),
+        (_bad(prompt_tokens=pb.TokenPrompt(ids=[1, 10**6])), "prompt_tokens"),  # vocabulary
+        (_bad(prompt_tokens=pb.TokenPrompt(ids=[1] * 600)), "prompt_tokens"),  # context
     ],
     ids=lambda v: v if isinstance(v, str) else "",
 )
@@ -561,3 +564,17 @@ async def test_python_client_session_form_matches_simple_mode(worker):
     assert got == want
     assert [g.final.usage.completion_tokens for g in gens] == [60 + i for i in range(5)]
     assert stopped.final is not None and stopped.final.reason == pb.FINISH_REASON_CANCELLED
+
+
+async def test_a_prompt_as_token_ids_is_the_same_generation_as_its_text(worker):
+    """`prompt_tokens` skips the tokenizer: the ids of a text prompt give that prompt's
+    generation, message for message."""
+    async with SluiceClient(worker.address) as client:
+        ids = await client.tokenize(prompt="rivers run to the sea")
+    text = start("t", prompt="rivers run to the sea", max_tokens=20, temperature=0)
+    by_text = await one(worker.address, text)
+    by_ids = pb.StartGeneration(request_id="t", sampling=text.start.sampling)
+    by_ids.prompt_tokens.ids.extend(ids)
+    got = await one(worker.address, pb.GenerateRequest(start=by_ids))
+    strip = lambda msgs: [m for m in msgs if not m.HasField("final")]  # noqa: E731
+    assert strip(got) == strip(by_text) and got[-1].final.usage == by_text[-1].final.usage

@@ -129,3 +129,44 @@ def test_fields_refused_by_name(endpoint: Endpoint, body: dict[str, Any], param:
 )
 def test_off_values_and_ignored_fields_pass(endpoint: Endpoint, body: dict[str, Any]) -> None:
     PARSERS[endpoint](body)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "text", "ids"),
+    [
+        ("hi", "hi", None),
+        (["hi"], "hi", None),
+        ([1, 2, 3], None, [1, 2, 3]),
+        ([[7, 0, 2**32 - 1]], None, [7, 0, 2**32 - 1]),
+    ],
+    ids=["string", "one-string-batch", "token-ids", "one-token-id-batch"],
+)
+def test_completion_prompt_forms_reach_the_contract(prompt: Any, text: Any, ids: Any) -> None:
+    req = parse_completion(decode_body(orjson.dumps({"model": "m", "prompt": prompt})))
+    start = req.to_start("r")
+    if ids is None:
+        assert (start.WhichOneof("input"), start.prompt) == ("prompt", text)
+    else:
+        assert (start.WhichOneof("input"), list(start.prompt_tokens.ids)) == ("prompt_tokens", ids)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "says"),
+    [
+        (["a", "b"], "batch of 2 prompts"),
+        ([[1], [2], [3]], "batch of 3 prompts"),
+        ([], "non-empty list of token ids"),
+        ([1, -2], "non-empty list of token ids"),
+        ([1, 2**32], "non-empty list of token ids"),
+        ([1, True], "non-empty list of token ids"),
+        ([1.0], "non-empty list of token ids"),
+        ([[]], "non-empty list of token ids"),
+        (5, "a string or a list of token ids"),
+        ("", "must not be empty"),
+    ],
+)
+def test_bad_completion_prompts_are_a_400_naming_prompt(prompt: Any, says: str) -> None:
+    with pytest.raises(ApiError) as info:
+        parse_completion(decode_body(orjson.dumps({"model": "m", "prompt": prompt})))
+    assert (info.value.status, info.value.param) == (400, "prompt")
+    assert says in info.value.message

@@ -74,6 +74,7 @@ class SimEngine(Engine):
             engine=self.name,
             version=config.version,
             default_max_tokens=config.default_max_tokens,
+            vocab_size=1 << 16,  # `word_id`: a 2-byte hash of the word
         )
 
     async def start(self) -> None:

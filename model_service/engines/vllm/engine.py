@@ -95,6 +95,7 @@ class VllmEngine(Engine):
             engine=self.name,
             version=self.config.version,
             default_max_tokens=self.config.default_max_tokens,
+            vocab_size=llm.model_config.get_vocab_size(),
         )
 
     async def _warm_up(self) -> None:
