@@ -97,6 +97,12 @@ _SAMPLING: dict[str, Field] = {
     "routed_experts_prompt_start": refused("not in the contract"),
     "mm_payload": refused(_NO_MM),
     "return_mm_kwargs": refused(_NO_MM, False),
+    # What SGLang-lineage routers in front of edges (vllm-router, SMG) put in every body,
+    # at their off values.
+    "no_stop_trim": refused("SGLang's; the stop string is always trimmed", False),
+    "return_hidden_states": refused("SGLang's; not in the contract", False),
+    "separate_reasoning": ignored("SGLang's; no reasoning models served"),
+    "stream_reasoning": ignored("SGLang's; no reasoning models served"),
 }
 
 CHAT: dict[str, Field] = {

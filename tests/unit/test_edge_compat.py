@@ -170,3 +170,32 @@ def test_bad_completion_prompts_are_a_400_naming_prompt(prompt: Any, says: str) 
         parse_completion(decode_body(orjson.dumps({"model": "m", "prompt": prompt})))
     assert (info.value.status, info.value.param) == (400, "prompt")
     assert says in info.value.message
+
+
+# What vllm-router 0.1.17 (`--policy round_robin`) sends an edge behind it for a plain
+# chat and completions request (captured from the router): SGLang's fields at their off
+# values. A 400 for any of them would fail every request through the router.
+ROUTER_CHAT = {
+    "model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+    "max_tokens": 3, "logprobs": False, "no_stop_trim": False, "ignore_eos": False,
+    "continue_final_message": False, "skip_special_tokens": True,
+    "separate_reasoning": True, "stream_reasoning": True, "return_hidden_states": False,
+    "include_reasoning": True,
+}  # fmt: skip
+ROUTER_COMPLETION = {
+    "model": "m", "prompt": "hi", "max_tokens": 3, "stream": False, "echo": False,
+    "no_stop_trim": False, "ignore_eos": False, "skip_special_tokens": True,
+    "return_hidden_states": False,
+}  # fmt: skip
+
+
+def test_what_routers_in_front_add_is_accepted_at_its_off_values() -> None:
+    chat = parse_chat(decode_body(orjson.dumps(ROUTER_CHAT)))
+    plain = parse_chat(decode_body(orjson.dumps({**CHAT, "stream": True, "max_tokens": 3})))
+    assert chat.to_start("r") == plain.to_start("r")
+    completion = parse_completion(decode_body(orjson.dumps(ROUTER_COMPLETION)))
+    assert completion.prompt == "hi" and completion.max_tokens == 3
+    for name in ("no_stop_trim", "return_hidden_states"):
+        with pytest.raises(ApiError) as info:
+            parse_chat(decode_body(orjson.dumps({**ROUTER_CHAT, name: True})))
+        assert info.value.param == name
