@@ -182,6 +182,13 @@ class SecurityConfig:
         action="append",
     )
     max_prompt_chars: int = option(0, "--max-prompt-chars", "longest prompt, characters (0: off)")
+    max_tools: int = option(128, "--max-tools", "most tools in one request (OpenAI's 128)")
+    max_tools_chars: int = option(
+        262_144, "--max-tools-chars", "characters of a request's tool definitions (0: off)"
+    )
+    max_arguments_chars: int = option(
+        262_144, "--max-arguments-chars", "longest history tool-call arguments (0: off)"
+    )
     cors_origins: list[str] = option(
         [], "--cors-origin", "browser origin allowed (repeat; '*': any)", action="append"
     )
@@ -287,8 +294,10 @@ def check(config: EdgeConfig) -> None:
         raise SystemExit("--load-interval >= 0, --prefix-block-chars/--prefix-index-blocks >= 1")
     if min(sec.rate_limit_rps, sec.rate_limit_burst, sec.max_streams_per_key, sec.tpm_limit) < 0:
         raise SystemExit("limits must be >= 0")
-    if sec.max_prompt_chars < 0:
-        raise SystemExit("--max-prompt-chars must be >= 0")
+    if min(sec.max_prompt_chars, sec.max_tools_chars, sec.max_arguments_chars) < 0:
+        raise SystemExit("--max-prompt-chars, --max-tools-chars, --max-arguments-chars >= 0")
+    if sec.max_tools < 1:
+        raise SystemExit("--max-tools must be at least 1")
     for entry in sec.key_priorities:
         name, _, cls = entry.partition("=")
         if not name or cls.lower() not in ("high", "normal", "low"):

@@ -174,6 +174,22 @@ class LimitsConfig:
     max_request_id_bytes: int = 128
     max_generations_per_stream: int = 256
     max_generations_per_session: int = 65_536
+    # What a constraint may cost (`intake/bounds.py`; defaults: OpenAI's published limits).
+    max_schema_properties: int = option(
+        5_000, "--max-schema-properties", "object properties in one JSON schema, all levels"
+    )
+    max_schema_enum_values: int = option(
+        1_000, "--max-schema-enum-values", "enum and const values in one JSON schema"
+    )
+    max_constraint_chars: int = option(
+        120_000,
+        "--max-constraint-chars",
+        "characters of a schema's names and values, a regex, a grammar or the choices",
+    )
+    max_regex_repeat: int = option(
+        1_000, "--max-regex-repeat", "the largest count of a regex repetition {m,n}"
+    )
+    max_grammar_rules: int = option(1_000, "--max-grammar-rules", "rules of one grammar")
 
 
 @dataclass(slots=True)

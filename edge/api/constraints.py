@@ -14,7 +14,6 @@ from edge.api import nesting
 from edge.errors import invalid
 from generated import sluice_pb2 as pb
 
-MAX_TOOLS = 128
 MAX_STOP_TOKEN_IDS = 64
 MAX_LOGIT_BIAS = 300
 UINT32_MAX = 2**32 - 1
@@ -133,8 +132,6 @@ def tools(body: dict[str, Any]) -> list[pb.Tool]:
         return []
     if not isinstance(given, list):
         raise invalid("tools", "'tools' must be a list")
-    if len(given) > MAX_TOOLS:
-        raise invalid("tools", f"'tools' has more than {MAX_TOOLS} entries")
     out = []
     for i, tool in enumerate(given):
         if not isinstance(tool, dict) or tool.get("type") != "function":

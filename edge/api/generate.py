@@ -22,12 +22,12 @@ from edge.api.responses import ResponsesFormat, parse_responses
 from edge.api.schema import (
     GenRequest,
     Kind,
-    check_prompt,
     decode_body,
     most_tokens,
     parse_chat,
     parse_completion,
 )
+from edge.api.sizes import check_sizes
 from edge.api.state import EdgeState
 from edge.errors import ApiError, from_status
 from edge.obs import tracing
@@ -122,8 +122,9 @@ async def _prepare(state: EdgeState, request: Request, kind: Kind) -> Prepared:
     if state.draining:
         raise from_status(grpc.StatusCode.UNAVAILABLE, "this edge is shutting down")
     cfg = state.config
-    req = _PARSERS[kind](decode_body(await read_body(request, cfg.server.max_body_bytes)))
-    check_prompt(req, cfg.security.max_prompt_chars)
+    given = decode_body(await read_body(request, cfg.server.max_body_bytes))
+    req = _PARSERS[kind](given)
+    check_sizes(req, given, cfg.security)
     rec = record_of(request.scope)
     asked = request.headers.get(priority.HEADER)
     klass, tenant = state.priorities.of(asked, req.service_tier, rec.caller)  # 400/403 here

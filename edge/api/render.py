@@ -10,7 +10,8 @@ from starlette.responses import Response
 
 from edge.api.generate import new_request_id, read_body
 from edge.api.pages import ORJSONResponse
-from edge.api.schema import Kind, check_prompt, decode_body, parse_chat, parse_completion
+from edge.api.schema import Kind, decode_body, parse_chat, parse_completion
+from edge.api.sizes import check_sizes
 from edge.api.state import EdgeState
 from generated import sluice_pb2 as pb
 
@@ -19,7 +20,7 @@ async def render(state: EdgeState, request: Request, kind: Kind) -> Response:
     cfg = state.config
     body = decode_body(await read_body(request, cfg.server.max_body_bytes))
     req = parse_chat(body) if kind == "chat" else parse_completion(body)
-    check_prompt(req, cfg.security.max_prompt_chars)
+    check_sizes(req, body, cfg.security)
     if req.prompt_tokens is not None:  # already tokens: nothing to render
         return ORJSONResponse([{"request_id": new_request_id(), "token_ids": req.prompt_tokens}])
     tokenize = pb.TokenizeRequest(model=req.model)

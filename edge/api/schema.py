@@ -268,7 +268,7 @@ def _messages(body: dict[str, Any]) -> list[pb.ChatMessage]:
         if not isinstance(msg, dict):
             raise invalid(f"messages[{i}]", "each message must be an object")
         role = msg.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise invalid(f"messages[{i}].role", f"role must be one of {sorted(ROLES)}")
         m = pb.ChatMessage(role=role, content=_content(msg, i))
         if role == "assistant":
@@ -380,20 +380,3 @@ def most_tokens(req: GenRequest) -> int:
     else:
         chars = len(req.prompt or "") + 4 * len(req.prompt_tokens or ())
     return (req.max_tokens or UNBOUNDED_RESERVE) * max(1, req.n) + chars // 4 + 1
-
-
-def check_prompt(req: GenRequest, max_chars: int) -> None:
-    """400 when the prompt is longer than `max_chars` characters (0: no limit)."""
-    if max_chars <= 0:
-        return
-    if req.messages is not None:
-        size, param = sum(len(m.content) for m in req.messages), "messages"
-    else:  # token ids count about 4 characters each
-        size, param = len(req.prompt or "") + 4 * len(req.prompt_tokens or ()), "prompt"
-    if size > max_chars:
-        raise ApiError(
-            400,
-            f"'{param}' holds {size} characters, more than this server's limit of {max_chars}",
-            param=param,
-            code="prompt_too_long",
-        )

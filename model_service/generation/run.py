@@ -257,6 +257,14 @@ class Generation:
             self._final(FinishReason.ERROR, error=err)
             if isinstance(err, EngineDead):
                 self._rt.hooks.engine_died(err)
+        except Exception:  # a worker bug: the stream still ends, with an INTERNAL final
+            log.exception("generation %r failed in the worker", self.request_id)
+            self.error = EngineError("the worker failed the generation")
+            bare = (0, 0, 0)  # what failed may be the figures themselves
+            final = messages.final_to_pb(
+                self.request_id, self.index, FinishReason.ERROR, bare, bare, error=self.error
+            )
+            self._append(final)
         except asyncio.CancelledError:
             # Cancelled from outside the known reasons (worker stopping): record and end.
             self.error = EngineError("generation cancelled by the worker")

@@ -7,7 +7,7 @@ import re
 
 from model_service.config import LimitsConfig
 from model_service.errors import InvalidArgument, NotFound
-from model_service.intake import nesting
+from model_service.intake import bounds, nesting
 from model_service.types import GenerationRequest, ModelInfo, StructuredOutput
 
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
@@ -32,8 +32,8 @@ def validate_request(req: GenerationRequest, model: ModelInfo, limits: LimitsCon
     _validate_input(req, model, limits)
     _validate_sampling(req, model, limits)
     if req.structured is not None:
-        validate_structured(req.structured)
-    _validate_tools(req)
+        validate_structured(req.structured, bounds_of(limits))
+    _validate_tools(req, bounds_of(limits))
 
 
 def _validate_input(req: GenerationRequest, model: ModelInfo, limits: LimitsConfig) -> None:
@@ -125,26 +125,46 @@ def _validate_sampling(req: GenerationRequest, model: ModelInfo, limits: LimitsC
         raise InvalidArgument("timeout_ms", "must be positive")
 
 
-def validate_structured(so: StructuredOutput) -> None:
-    """What can be checked without the grammar backend (which compiles it)."""
+def bounds_of(limits: LimitsConfig) -> bounds.Bounds:
+    return bounds.Bounds(
+        limits.max_schema_properties,
+        limits.max_schema_enum_values,
+        limits.max_constraint_chars,
+        limits.max_regex_repeat,
+        limits.max_grammar_rules,
+    )
+
+
+def validate_structured(so: StructuredOutput, cost: bounds.Bounds | None = None) -> None:
+    """What can be checked without the grammar backend (which compiles it), and what it
+    may cost (`cost`, default bounds when not given)."""
+    cost = cost or bounds.Bounds()
     if so.kind == "json_schema":
         schema = nesting.loads(so.value, so.field)  # type: ignore[arg-type]
         if not isinstance(schema, dict | bool):
             raise InvalidArgument(so.field, "a JSON Schema is an object (or a boolean)")
+        bounds.check_schema(schema, so.field, cost)
     elif so.kind == "choice":
         if not so.value or len(so.value) > MAX_CHOICES:
             raise InvalidArgument(so.field, f"between 1 and {MAX_CHOICES} choices")
         if any(not c for c in so.value):
             raise InvalidArgument(so.field, "choices must not be empty")
+        bounds.check_text("".join(so.value), so.field, "characters of choices", cost)
     elif so.kind in ("regex", "grammar") and not so.value:
         raise InvalidArgument(so.field, "must not be empty")
+    elif so.kind == "regex":
+        bounds.check_regex(str(so.value), so.field, cost)
+    elif so.kind == "grammar":
+        bounds.check_grammar(str(so.value), so.field, cost)
 
 
-def _validate_tools(req: GenerationRequest) -> None:
+def _validate_tools(req: GenerationRequest, cost: bounds.Bounds) -> None:
     if len(req.tools) > MAX_TOOLS:
         raise InvalidArgument("chat.tools", f"at most {MAX_TOOLS} tools")
     names = set()
     for i, tool in enumerate(req.tools):
+        if tool.parameters is not None:
+            bounds.check_schema(tool.parameters, f"chat.tools[{i}].parameters", cost)
         if not TOOL_NAME.fullmatch(tool.name):
             raise InvalidArgument(
                 f"chat.tools[{i}].name", "1-64 letters, digits, underscores or dashes"
@@ -168,10 +188,13 @@ def _validate_tools(req: GenerationRequest) -> None:
 
 
 def resolve_max_tokens(req: GenerationRequest, model: ModelInfo, prompt_tokens: int) -> int:
-    """Fit max_tokens into the context window once the prompt is tokenized."""
+    """Fit max_tokens into the context window once the prompt is tokenized; a prompt of
+    no tokens (whitespace to a tokenizer that drops it) is refused, as vLLM does."""
     field = "chat.messages" if req.messages is not None else "prompt"
     if req.prompt is None and req.messages is None:
         field = "prompt_tokens"
+    if prompt_tokens < 1:
+        raise InvalidArgument(field, "the input is no tokens once tokenized")
     room = model.max_model_len - prompt_tokens
     if room < 1:
         raise InvalidArgument(

@@ -109,8 +109,10 @@ class GenerateStream:
             if ticket is None or ticket.state != DISPLACED:
                 # Tells the caller the generation was accepted before any token exists: a
                 # caller may then drop the RPC and `Resume` later (within the detach grace).
-                await self.context.send_initial_metadata(((ACCEPTED_KEY, gen.request_id),))
+                # Accepted before the await: an RPC cancelled inside it may already
+                # have given the caller the id, which it may `Resume`.
                 accepted = True
+                await self.context.send_initial_metadata(((ACCEPTED_KEY, gen.request_id),))
             await send_log(gen, 0, self.context)
         except SluiceError as err:
             await abort_with(self.context, err)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import grpc
 import pytest
 
 from generated import sluice_pb2 as pb
@@ -117,3 +118,44 @@ async def test_engine_death_turns_the_worker_not_ready():
     core.engine_died(EngineDead("gone"))
     core.engine_died(EngineDead("gone again"))
     assert core.ready is False and called == [True]
+
+
+async def test_a_prompt_of_no_tokens_is_refused_naming_it():
+    """The sim's tokenizer drops whitespace, as some real ones do: vLLM refuses an empty
+    prompt, and a generation of none made the sim's cache count -16 cached tokens."""
+    core = await make_core()
+    blank = start("blank")
+    blank.prompt = " \u2028 "
+    with pytest.raises(InvalidArgument) as err:
+        await core.prepare(blank, None)
+    assert (err.value.field, str(err.value)) == (
+        "prompt",
+        "prompt: the input is no tokens once tokenized",
+    )
+    assert core.admission.in_flight == 0
+
+
+class BadFiguresSim(SimEngine):
+    """A sim whose outputs carry a count no protobuf field can hold (a worker bug)."""
+
+    async def generate(self, request):  # type: ignore[no-untyped-def,override]
+        async for out in super().generate(request):
+            out.cached_prompt_tokens = -1
+            yield out
+
+
+async def test_a_worker_bug_while_ending_still_ends_the_log_with_a_final():
+    core = await make_core(BadFiguresSim)
+    small = start("bug")
+    small.sampling.max_tokens = 3
+    gen = await core.prepare(small, None)
+    core.launch(gen)
+    assert gen.task is not None
+    await asyncio.wait_for(gen.task, 5)
+    last = pb.GenerateResponse.FromString(gen.log[-1])  # type: ignore[arg-type]
+    assert gen.ended and last.index == len(gen.log) - 1
+    assert last.final.reason == pb.FINISH_REASON_ERROR
+    assert (last.final.error.code, last.final.error.message) == (
+        grpc.StatusCode.INTERNAL.value[0],
+        "the worker failed the generation",
+    )

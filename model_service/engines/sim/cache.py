@@ -42,7 +42,7 @@ class PrefixCache:
         """
         hashes = self.hashes(token_ids)
         blocks = self._blocks
-        usable = (len(token_ids) - 1) // self.block_tokens  # one token is always computed
+        usable = max(0, len(token_ids) - 1) // self.block_tokens  # one token is always computed
         hit = 0
         for h in hashes:
             if h not in blocks:

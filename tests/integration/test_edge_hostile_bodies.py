@@ -1,0 +1,219 @@
+"""No request body gets a 5xx from the edge (issue 28): a hypothesis property over every
+field of every route's table (`edge.api.fields`) and the nested places a body carries
+JSON of its own (messages, tools, schemas, logit_bias, Responses items), set to what an
+attacker sends: nesting thousands deep, Unicode digits, integers past any width, NaN and
+Infinity, lone surrogates, long strings, wrong types. Every answer is a 2xx, or a 4xx in
+OpenAI's error shape; the worker behind it is a real sim worker, the edge a real uvicorn."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from edge.api.fields import TABLES
+from tests.integration.edge_fixtures import Stack, stack
+
+ROUTES = {"chat": "/v1/chat/completions", "completion": "/v1/completions",
+          "responses": "/v1/responses"}  # fmt: skip
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+BASES: dict[str, dict[str, Any]] = {
+    "chat": {
+        "model": "",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 4,
+        "tools": [TOOL],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": {}}},
+        "logit_bias": {"1": 1},
+        "stream_options": {"include_usage": True},
+    },
+    "completion": {"model": "", "prompt": "hi", "max_tokens": 4, "logit_bias": {"1": 1}},
+    "responses": {
+        "model": "",
+        "input": [{"type": "message", "role": "user", "content": "hi"}],
+        "max_output_tokens": 4,
+        "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+        "text": {"format": {"type": "json_schema", "name": "s", "schema": {}}},
+    },
+}
+KEY = "<key>"  # a place whose hostile part is an object's key, not a value
+# Places inside a body that hold JSON of their own, beside every top-level field.
+NESTED: dict[str, list[tuple[Any, ...]]] = {
+    "chat": [
+        ("messages", 0, "content"),
+        ("messages", 0, "role"),
+        ("messages", 0, "tool_calls"),
+        ("tools", 0, "function", "parameters"),
+        ("tools", 0, "function", "name"),
+        ("tools", 0, "function", "description"),
+        ("response_format", "json_schema", "schema"),
+        ("response_format", "json_schema", "schema", "properties"),
+        ("logit_bias", "1"),
+        ("logit_bias", KEY),
+        ("response_format", "json_schema", "schema", "properties", KEY),
+        ("tools", 0, "function", "parameters", "properties", KEY),
+        ("stream_options", KEY),
+        ("stream_options", "include_usage"),
+        ("tool_choice", "function"),
+    ],
+    "completion": [
+        ("prompt", 0),
+        ("logit_bias", "1"),
+        ("logit_bias", KEY),
+        ("structured_outputs", "regex"),
+        ("structured_outputs", KEY),
+    ],
+    "responses": [
+        ("input", 0, "content"),
+        ("input", 0, "type"),
+        ("input", 0, "arguments"),
+        ("tools", 0, "parameters"),
+        ("text", "format", "schema"),
+        ("text", "format"),
+        ("metadata", "k"),
+        ("metadata", KEY),
+        ("tools", 0, "parameters", "properties", KEY),
+    ],
+}
+
+
+@dataclass(frozen=True)
+class Deep:
+    """JSON nested `depth` levels of lists or objects, written as text (no encoder
+    recurses that far)."""
+
+    depth: int
+    objects: bool
+
+    def text(self) -> str:
+        if self.objects:
+            return '{"a":' * self.depth + "0" + "}" * self.depth
+        return "[" * self.depth + "0" + "]" * self.depth
+
+
+class Raw(str):
+    """JSON text sent as it is (NaN, Infinity, numbers no parser takes)."""
+
+
+def encode(value: Any) -> str:
+    if isinstance(value, Deep):
+        return value.text()
+    if isinstance(value, Raw):
+        return str(value)
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{json.dumps(k)}:{encode(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(encode(v) for v in value) + "]"
+    return json.dumps(value)  # lone surrogates come out as \ud800 escapes
+
+
+UNICODE_DIGITS = ["²", "٣", "߂", "१", "\U0001d7d8", "Ⅻ", "½", "1\u0301"]
+leaf = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.integers(min_value=18, max_value=400).map(lambda k: 10**k),
+    st.integers(min_value=18, max_value=400).map(lambda k: -(10**k)),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from([Raw(t) for t in ("NaN", "Infinity", "-Infinity", "1e400", "1E-400", "0x10")]),
+    st.text(max_size=40),
+    st.sampled_from(UNICODE_DIGITS),
+    st.sampled_from(["\ud800", "a\udfffb", "\x00", "\u2028", "\ufeff"]),
+    st.integers(min_value=1_000, max_value=200_000).map(lambda n: "x" * n),
+)
+keys = st.one_of(
+    st.text(max_size=8),
+    st.sampled_from(UNICODE_DIGITS),
+    st.sampled_from(["\ud800", "-1", "1.5", " 1", "1e3", "0x1", "99999999999999999999", ""]),
+)
+hostile = st.one_of(
+    leaf,
+    st.builds(Deep, st.integers(min_value=1, max_value=3_000), st.booleans()),
+    st.recursive(
+        leaf,
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=4),
+            st.dictionaries(keys, inner, max_size=4),
+        ),
+        max_leaves=8,
+    ),
+)
+
+
+def places(kind: str) -> list[tuple[Any, ...]]:
+    return sorted({(name,) for name in TABLES[kind]}, key=str) + NESTED[kind] * 4 + [("x_unknown",)]
+
+
+def with_value(body: dict[str, Any], path: tuple[Any, ...], value: Any, key: str) -> dict[str, Any]:
+    """A copy of `body` with `value` at `path` (creating objects on the way), or with
+    `key` as a key where the path ends in KEY."""
+    if path[-1] == KEY:
+        path, value = path[:-1], {key: 1}
+    out = json.loads(json.dumps(body))
+    node: Any = out
+    for step in path[:-1]:
+        if isinstance(node, list):
+            node = node[step] if isinstance(step, int) and step < len(node) else node[0]
+            continue
+        if not isinstance(node.get(step), (dict, list)):
+            node[step] = [{}] if isinstance(path[path.index(step) + 1], int) else {}
+        node = node[step]
+    last = path[-1]
+    if isinstance(node, list):
+        if isinstance(last, int) and last < len(node):
+            node[last] = value
+        else:
+            node.append(value)
+    else:
+        node[last] = value
+    return out
+
+
+@pytest.fixture(scope="module")
+def edge() -> Iterator[Stack]:
+    with stack(worker_args=("--sim-ttft", "0", "--sim-token-delay", "0")) as s:
+        yield s
+
+
+def check(client: httpx.Client, kind: str, text: str) -> None:
+    r = client.post(ROUTES[kind], content=text.encode("utf-8", "surrogatepass"),
+                    headers={"content-type": "application/json"})  # fmt: skip
+    assert r.status_code < 500, (r.status_code, r.text[:300], text[:300])
+    if r.status_code >= 400:
+        err = r.json()["error"]
+        assert isinstance(err["message"], str) and err["message"], err
+        assert isinstance(err["type"], str) and "code" in err and "param" in err, err
+
+
+@pytest.mark.parametrize("kind", sorted(ROUTES))
+def test_no_body_gets_a_5xx(edge: Stack, kind: str) -> None:
+    with httpx.Client(base_url=edge.base, timeout=20) as client:
+        check(client, kind, encode(BASES[kind]))  # the base itself is served
+
+        @settings(
+            max_examples=400,
+            deadline=None,
+            derandomize=True,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+        )
+        @given(path=st.sampled_from(places(kind)), value=hostile, key=keys)
+        def one(path: tuple[Any, ...], value: Any, key: str) -> None:
+            check(client, kind, encode(with_value(BASES[kind], path, value, key)))
+
+        one()
+
+
+def test_raw_bodies_that_are_not_json_objects(edge: Stack) -> None:
+    """Bodies broken below the field level: each is a 400 in the error shape."""
+    raws = ["", "{", "[]", "null", '"x"', "{" * 100_000, '{"model": NaN}', "\ud800",
+            '{"messages": [{"role": "user", "content": "\\ud800"}]}', "{}\x00"]  # fmt: skip
+    with httpx.Client(base_url=edge.base, timeout=20) as client:
+        for kind in ROUTES:
+            for raw in raws:
+                check(client, kind, raw)
