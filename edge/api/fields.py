@@ -148,7 +148,10 @@ COMPLETION: dict[str, Field] = {
 }
 
 RESPONSES: dict[str, Field] = {
-    "input": served("a string, or message, function_call, function_call_output items"),
+    "input": served(
+        "a string, or message, function_call, function_call_output items; reasoning items"
+        " are checked and left out of the prompt"
+    ),
     "instructions": served("a system message first"),
     "max_output_tokens": served(),
     **{k: v for k, v in _SAMPLING.items() if k not in {"n", "best_of", "stream_options"}},

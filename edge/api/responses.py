@@ -62,6 +62,10 @@ def _input(body: dict[str, Any]) -> list[pb.ChatMessage]:
             if not (out and out[-1].role == "assistant" and not out[-1].content):
                 out.append(pb.ChatMessage(role="assistant"))
             out[-1].tool_calls.append(call)
+        elif kind == "reasoning":
+            # A replayed history's reasoning (an OpenAI-shaped conversation continued
+            # here): checked, not rendered, as OpenAI drops it from later turns' context.
+            _reasoning_item(item, param)
         elif kind == "function_call_output":
             output = item.get("output")
             if not isinstance(output, str) or not isinstance(item.get("call_id"), str):
@@ -72,6 +76,20 @@ def _input(body: dict[str, Any]) -> list[pb.ChatMessage]:
                 f"{param}.type", f"input items of type {str(kind)[:32]!r} are not supported"
             )
     return out
+
+
+def _reasoning_item(item: dict[str, Any], param: str) -> None:
+    for part_list in ("summary", "content"):
+        parts = item.get(part_list)
+        if parts is None:
+            continue
+        if not isinstance(parts, list) or not all(
+            isinstance(p, dict) and isinstance(p.get("text"), str) for p in parts
+        ):
+            raise invalid(f"{param}.{part_list}", f"'{part_list}' must be a list of text parts")
+    encrypted = item.get("encrypted_content")
+    if encrypted is not None and not isinstance(encrypted, str):
+        raise invalid(f"{param}.encrypted_content", "'encrypted_content' must be a string")
 
 
 def _text_format(body: dict[str, Any]) -> pb.StructuredOutput | None:

@@ -247,6 +247,34 @@ def test_responses_refuse_stored_state_by_name(client: openai.OpenAI) -> None:
         assert info.value.param == next(iter(kw))
 
 
+def test_responses_history_with_reasoning_items_is_served_as_without_them(
+    client: openai.OpenAI,
+) -> None:
+    """A conversation continued from OpenAI carries `reasoning` items: checked, left out
+    of the prompt (greedy answers equal); a malformed one is a 400 naming its field."""
+    turn: Any = [
+        {"role": "user", "content": "Name a river."},
+        {"role": "assistant", "content": "The Nile."},
+        {"role": "user", "content": "Another?"},
+    ]
+    reasoning: Any = {
+        "type": "reasoning",
+        "id": "rs_1",
+        "summary": [{"type": "summary_text", "text": "The user wants a river."}],
+        "encrypted_content": "opaque",
+    }
+    kw: Any = {"model": "", "temperature": 0, "max_output_tokens": 12}
+    plain = client.responses.create(input=turn, **kw)
+    mixed = client.responses.create(input=[turn[0], reasoning, *turn[1:]], **kw)
+    # The second asks over a cached prefix: counts equal, cached tokens differ.
+    assert [(r.output_text, r.usage.input_tokens, r.usage.output_tokens) for r in (mixed,)] == [
+        (plain.output_text, plain.usage.input_tokens, plain.usage.output_tokens)
+    ]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.create(input=[{**reasoning, "summary": "text"}, *turn], **kw)
+    assert info.value.param == "input[0].summary"
+
+
 # -- exact resume in the middle of each shape -------------------------------------------
 
 RESUME_CASES = {
