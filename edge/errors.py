@@ -27,6 +27,9 @@ _FIELD_RENAMES = {
     "prompt_tokens": "prompt",
     "chat.tools": "tools",
     "chat.tool_choice": "tool_choice",
+    "chat.continue_final_message": "continue_final_message",
+    "chat.template_kwargs_json": "chat_template_kwargs",
+    "chat.documents": "documents",
     "sampling.logprobs": "logprobs",
     "structured_output": "response_format",
 }

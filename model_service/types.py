@@ -108,6 +108,11 @@ class GenerationRequest:
     prompt: str | None = None
     messages: tuple[ChatMessage, ...] | None = None
     add_generation_prompt: bool = True
+    # The chat template's other inputs: leave the final message open (a prefill), extra
+    # template variables, documents.
+    continue_final_message: bool = False
+    template_kwargs: dict[str, Any] | None = None
+    documents: tuple[dict[str, str], ...] = ()
     model: str = ""
     timeout_s: float | None = None
     prompt_token_ids: list[int] | None = None

@@ -247,7 +247,9 @@ class ChunkFormat:
 
 
 class ChatFormat(ChunkFormat):
-    """`chat.completion.chunk` objects; the role goes in the first delta."""
+    """`chat.completion.chunk` objects; the role goes in the first delta. `role` and
+    `echo` (vLLM's chat `echo`: text before the reply, one chunk per choice after the
+    role's) are set by the caller."""
 
     object_name = "chat.completion.chunk"
     response_object = "chat.completion"
@@ -258,16 +260,30 @@ class ChatFormat(ChunkFormat):
         super().__init__(response_id, model, created, include_usage, n)
         self._delta_head = self._head + b'[{"index":0,"delta":{"content":'
         self._null_end = b',"finish_reason":null}]' + self._tail
+        self.role = "assistant"
+        self.echo = ""
 
     def opening(self) -> bytes:
         return (
             self._head
-            + b'[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null'
+            + b'[{"index":0,"delta":{"role":'
+            + _dumps(self.role)
+            + b',"content":""},"logprobs":null'
             + self._null_end
         )
 
+    def opening_events(self, seq: int) -> list[Event]:
+        out = super().opening_events(seq)
+        if self.echo:
+            out += [(None, self._chunk(self._echo_choice(c), None)) for c in range(self.n)]
+        return out
+
+    def _echo_choice(self, choice: int) -> dict[str, Any]:
+        delta = {"content": self.echo}
+        return {"index": choice, "delta": delta, "logprobs": None, "finish_reason": None}
+
     def _open_choice(self, choice: int) -> dict[str, Any] | None:
-        delta = {"role": "assistant", "content": ""}
+        delta = {"role": self.role, "content": ""}
         return {"index": choice, "delta": delta, "logprobs": None, "finish_reason": None}
 
     def delta(self, text: str, logprobs: list[dict[str, Any]] | None) -> bytes:
@@ -299,7 +315,8 @@ class ChatFormat(ChunkFormat):
     def choice(
         self, text: str, logprobs: list[dict[str, Any]] | None, calls: list[dict[str, Any]]
     ) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": text}
+        text = self.echo + text
+        message: dict[str, Any] = {"role": self.role, "content": text}
         if calls:
             message["content"] = text or None
             message["tool_calls"] = calls

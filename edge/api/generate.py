@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from edge.api import affinity, priority
-from edge.api.formats import make_format
+from edge.api.formats import ChatFormat, make_format
 from edge.api.pages import ORJSONResponse
 from edge.api.responses import ResponsesFormat, parse_responses
 from edge.api.schema import (
@@ -150,6 +150,8 @@ def _format(kind: Kind, request_id: str, model: str, req: GenRequest) -> Format:
         return ResponsesFormat(request_id, model, created, req.echo)
     fmt = make_format(kind, request_id, model, created, req.include_usage, req.n)
     fmt.continuous_usage = req.continuous_usage
+    if isinstance(fmt, ChatFormat):
+        fmt.role, fmt.echo = req.role, req.echo_text
     return fmt
 
 

@@ -25,8 +25,7 @@ async def render(state: EdgeState, request: Request, kind: Kind) -> Response:
         return ORJSONResponse([{"request_id": new_request_id(), "token_ids": req.prompt_tokens}])
     tokenize = pb.TokenizeRequest(model=req.model)
     if req.messages is not None:
-        tokenize.chat.messages.extend(req.messages)
-        tokenize.chat.tools.extend(req.tools)
+        tokenize.chat.CopyFrom(req.chat_input())
     else:
         tokenize.prompt = req.prompt or ""
     worker = state.workers().pick(req.model)

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from edge.api import constraints, fields, nesting
 from edge.api.priority import check_tier
+from edge.api.templates import template_inputs
 from edge.errors import ApiError, invalid
 from generated import sluice_pb2 as pb
 
@@ -59,7 +60,30 @@ class GenRequest:
     tools: list[pb.Tool] = field(default_factory=list)
     tool_choice: pb.ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # The chat template's inputs besides the messages (vLLM's fields; None = its default).
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
+    template_kwargs_json: str = ""
+    documents: list[pb.Document] = field(default_factory=list)
+    role: str = "assistant"  # of the reply: the final message's without a generation prompt
+    echo_text: str = ""  # chat `echo`: the final message's content, put before the reply
     echo: dict[str, Any] = field(default_factory=dict)  # Responses API: fields it echoes
+
+    def chat_input(self) -> pb.ChatInput:
+        """The contract's ChatInput of a chat request (messages, tools, template inputs)."""
+        chat = pb.ChatInput(
+            messages=self.messages,
+            tools=self.tools,
+            template_kwargs_json=self.template_kwargs_json,
+            documents=self.documents,
+        )
+        if self.tool_choice is not None:
+            chat.tool_choice.CopyFrom(self.tool_choice)
+        for name in ("parallel_tool_calls", "add_generation_prompt", "continue_final_message"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(chat, name, value)
+        return chat
 
     def to_start(
         self, request_id: str, *, timeout_ms: int = 0, detach_grace_ms: int = 0
@@ -80,15 +104,8 @@ class GenRequest:
             stop_token_ids=self.stop_token_ids,
             logit_bias=self.logit_bias,
         )
-        for name in (
-            "max_tokens",
-            "temperature",
-            "top_p",
-            "top_k",
-            "seed",
-            "repetition_penalty",
-            "logprobs",
-        ):
+        optional = ("max_tokens", "temperature", "top_p", "top_k", "seed", "repetition_penalty")
+        for name in (*optional, "logprobs"):
             value = getattr(self, name)
             if value is not None:
                 setattr(sp, name, value)
@@ -102,13 +119,7 @@ class GenRequest:
             stream_usage=self.continuous_usage,
         )
         if self.messages is not None:
-            chat = start.chat
-            chat.messages.extend(self.messages)
-            chat.tools.extend(self.tools)
-            if self.tool_choice is not None:
-                chat.tool_choice.CopyFrom(self.tool_choice)
-            if self.parallel_tool_calls is not None:
-                chat.parallel_tool_calls = self.parallel_tool_calls
+            start.chat.CopyFrom(self.chat_input())
         elif self.prompt_tokens is not None:
             start.prompt_tokens.ids.extend(self.prompt_tokens)
         else:
@@ -293,6 +304,7 @@ def parse_chat(body: dict[str, Any]) -> GenRequest:
     req.tools = constraints.tools(body)
     req.tool_choice = constraints.tool_choice(body.get("tool_choice"), bool(req.tools))
     req.parallel_tool_calls = _bool(body, "parallel_tool_calls")
+    template_inputs(body, req)
     mct = _int(body, "max_completion_tokens", 1, UINT32_MAX)
     req.max_tokens = mct if mct is not None else _int(body, "max_tokens", 1, UINT32_MAX)
     logprobs = _bool(body, "logprobs")

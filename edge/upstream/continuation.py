@@ -65,6 +65,12 @@ def may_continue(mode: str, start: pb.StartGeneration) -> bool:
         return False
     if start.WhichOneof("input") == "prompt_tokens":  # no tokenizer here to extend it
         return False
+    chat = start.chat if start.WhichOneof("input") == "chat" else None
+    if chat is not None and chat.HasField("add_generation_prompt"):
+        # Without a generation prompt the reply is no assistant turn (or extends the final
+        # message, when continuing it): only that last case has a text to extend.
+        if not chat.add_generation_prompt and not chat.continue_final_message:
+            return False
     if mode == "always":
         return True
     if mode != "sampled":
@@ -82,8 +88,13 @@ def continuation_start(
     start.CopyFrom(original)
     start.request_id = continuation_id(original.request_id, n, tokens)
     if start.WhichOneof("input") == "chat":
-        start.chat.messages.add(role="assistant", content=text)
-        start.chat.add_generation_prompt = False
+        chat = start.chat
+        if chat.continue_final_message:  # a prefill: the final message grows
+            chat.messages[-1].content += text
+        else:
+            chat.messages.add(role="assistant", content=text)
+        chat.add_generation_prompt = False
+        chat.continue_final_message = True
     else:
         start.prompt = original.prompt + text
     sp = start.sampling

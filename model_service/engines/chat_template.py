@@ -6,27 +6,29 @@ from __future__ import annotations
 from typing import Any
 
 from model_service.errors import InvalidArgument
+from model_service.types import GenerationRequest
 
 
 def render(
     tokenizer: Any,
     messages: list[dict[str, Any]],
-    add_generation_prompt: bool,
+    request: GenerationRequest,
     tools: list[dict[str, Any]] | None = None,
 ) -> str:
-    """`messages` (and `tools`), as the template takes them, rendered as the prompt text;
-    InvalidArgument naming `chat.messages` when the template refuses them."""
-    # A final assistant message without a generation prompt is a prefix to continue
-    # (failover continuations): leave that turn open instead of closing it.
-    continue_final = not add_generation_prompt and messages[-1]["role"] == "assistant"
+    """`messages` (and `tools`), as the template takes them, rendered as the prompt text
+    with the request's template inputs (generation prompt, an open final message,
+    documents, extra variables); InvalidArgument naming `chat.messages` when the template
+    refuses them."""
     try:
         return str(
             tokenizer.apply_chat_template(
                 messages,
                 tools=tools,
+                documents=list(request.documents) or None,
                 tokenize=False,
-                add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final,
+                add_generation_prompt=request.add_generation_prompt,
+                continue_final_message=request.continue_final_message,
+                **(request.template_kwargs or {}),
             )
         )
     except Exception as exc:  # a template may reject a role order, e.g. jinja raise_exception

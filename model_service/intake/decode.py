@@ -67,6 +67,20 @@ def _chat_into(req: GenerationRequest, chat: pb.ChatInput) -> None:
     req.add_generation_prompt = (
         chat.add_generation_prompt if chat.HasField("add_generation_prompt") else True
     )
+    if chat.HasField("continue_final_message"):
+        req.continue_final_message = chat.continue_final_message
+    else:  # the contract's older form: a final assistant message without a generation prompt
+        req.continue_final_message = (
+            not req.add_generation_prompt
+            and bool(chat.messages)
+            and chat.messages[-1].role == "assistant"
+        )
+    if chat.template_kwargs_json:
+        kwargs = nesting.loads(chat.template_kwargs_json, "chat.template_kwargs_json")
+        if not isinstance(kwargs, dict):
+            raise InvalidArgument("chat.template_kwargs_json", "must be a JSON object")
+        req.template_kwargs = kwargs
+    req.documents = tuple(dict(d.fields) for d in chat.documents)
     req.tools = tools_from_pb(chat)
     which = chat.tool_choice.WhichOneof("choice")
     if which == "function":

@@ -16,6 +16,17 @@ MAX_TOOLS = 128
 MAX_STOP_TOKEN_IDS = 64
 MAX_LOGIT_BIAS = 300
 MAX_CHOICES = 1024
+MAX_DOCUMENTS = 128
+# apply_chat_template's own parameters: set through their request fields, never as
+# template variables (vLLM refuses `chat_template` and `tokenize` there too).
+TEMPLATE_PARAMETERS = frozenset(
+    {
+        "messages", "conversation", "tools", "documents", "chat_template",
+        "add_generation_prompt", "continue_final_message", "tokenize", "padding",
+        "truncation", "max_length", "return_tensors", "return_dict",
+        "return_assistant_tokens_mask", "tokenizer_kwargs",
+    }
+)  # fmt: skip
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
@@ -53,6 +64,7 @@ def _validate_input(req: GenerationRequest, model: ModelInfo, limits: LimitsConf
             for j, call in enumerate(m.tool_calls):
                 field = f"chat.messages[{i}].tool_calls[{j}].arguments"
                 nesting.check_maybe_json(call.arguments, field)
+        size += _validate_template_inputs(req)
         if size > limits.max_prompt_bytes:
             raise InvalidArgument(
                 "chat.messages", f"content exceeds {limits.max_prompt_bytes} bytes"
@@ -75,6 +87,28 @@ def _validate_input(req: GenerationRequest, model: ModelInfo, limits: LimitsConf
             raise InvalidArgument("prompt", "must not be empty")
         if len(prompt.encode()) > limits.max_prompt_bytes:
             raise InvalidArgument("prompt", f"exceeds {limits.max_prompt_bytes} bytes")
+
+
+def _validate_template_inputs(req: GenerationRequest) -> int:
+    """Checks of the chat template's other inputs; about their size in bytes."""
+    if req.continue_final_message and req.add_generation_prompt:
+        raise InvalidArgument(
+            "chat.continue_final_message",
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+        )
+    if len(req.documents) > MAX_DOCUMENTS:
+        raise InvalidArgument("chat.documents", f"at most {MAX_DOCUMENTS} documents")
+    size = sum(len(k) + len(v) for d in req.documents for k, v in d.items())
+    kwargs = req.template_kwargs or {}
+    taken = sorted(TEMPLATE_PARAMETERS & kwargs.keys())
+    if taken:
+        raise InvalidArgument(
+            "chat.template_kwargs_json",
+            f"{', '.join(taken)}: the template's own parameters, not template variables",
+        )
+    if kwargs:
+        size += len(repr(kwargs))
+    return size
 
 
 def _validate_sampling(req: GenerationRequest, model: ModelInfo, limits: LimitsConfig) -> None:

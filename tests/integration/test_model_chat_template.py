@@ -11,13 +11,30 @@ from typing import Any
 
 import pytest
 
+from generated import sluice_pb2 as pb
 from model_service.engines.chat_template import render
 from model_service.errors import InvalidArgument
+from model_service.intake.decode import request_from_pb
+from model_service.types import GenerationRequest
 from tests.integration.conftest import _make_model
 
 pytestmark = pytest.mark.model
 
 USER = {"role": "user", "content": "Name a river."}
+
+
+def chat(messages: list[dict[str, Any]], **inputs: Any) -> GenerationRequest:
+    """The domain request of a ChatInput with these messages and template inputs, as the
+    worker decodes it from the contract."""
+    start = pb.StartGeneration()
+    start.chat.messages.extend(pb.ChatMessage(**m) for m in messages)
+    for name, value in inputs.items():
+        if name == "documents":
+            for d in value:
+                start.chat.documents.add().fields.update(d)
+        else:
+            setattr(start.chat, name, value)
+    return request_from_pb(start)
 
 
 @pytest.fixture(scope="module")
@@ -36,30 +53,47 @@ def tokenizer(smollm: Any) -> Iterator[Any]:
 
 
 def test_chat_ends_with_the_generation_prompt(tokenizer: Any) -> None:
-    text = render(tokenizer, [USER], add_generation_prompt=True)
+    text = render(tokenizer, [USER], chat([USER]))
     assert text.endswith("<|im_start|>user\nName a river.<|im_end|>\n<|im_start|>assistant\n")
 
 
 def test_chat_continuation_leaves_the_final_assistant_message_open(tokenizer: Any) -> None:
     partial = {"role": "assistant", "content": "The Dan"}
-    text = render(tokenizer, [USER, partial], add_generation_prompt=False)
+    text = render(tokenizer, [USER, partial], chat([USER, partial], add_generation_prompt=False))
     assert text.endswith("<|im_start|>assistant\nThe Dan")
 
 
+def test_chat_continue_final_message_false_closes_the_final_assistant_message(
+    tokenizer: Any,
+) -> None:
+    partial = {"role": "assistant", "content": "The Dan"}
+    req = chat([USER, partial], add_generation_prompt=False, continue_final_message=False)
+    assert render(tokenizer, [USER, partial], req).endswith("assistant\nThe Dan<|im_end|>\n")
+
+
+def test_documents_and_template_variables_reach_the_chat_template(tokenizer: Any) -> None:
+    tokenizer.chat_template = (
+        "{% for d in documents %}[{{ d.title }}: {{ d.text }}]{% endfor %}{{ greeting }}"
+    )
+    docs = [{"title": "Nile", "text": "A river."}, {"title": "Dan", "text": "Another."}]
+    req = chat([USER], documents=docs, template_kwargs_json='{"greeting": "hi"}')
+    assert render(tokenizer, [USER], req) == "[Nile: A river.][Dan: Another.]hi"
+
+
 def test_chat_without_generation_prompt_closes_a_final_user_message(tokenizer: Any) -> None:
-    text = render(tokenizer, [USER], add_generation_prompt=False)
+    text = render(tokenizer, [USER], chat([USER], add_generation_prompt=False))
     assert text.endswith("Name a river.<|im_end|>\n")
 
 
 def test_tools_reach_the_chat_template(tokenizer: Any) -> None:
     tokenizer.chat_template = "{% for t in tools %}[{{ t.function.name }}]{% endfor %}"
     tools = [{"type": "function", "function": {"name": "weather", "parameters": {}}}]
-    assert render(tokenizer, [USER], True, tools) == "[weather]"
+    assert render(tokenizer, [USER], chat([USER]), tools) == "[weather]"
 
 
 def test_a_chat_the_template_refuses_is_invalid_naming_chat_messages(tokenizer: Any) -> None:
     tokenizer.chat_template = "{{ raise_exception('roles must alternate') }}"
     with pytest.raises(InvalidArgument) as refused:
-        render(tokenizer, [USER], add_generation_prompt=True)
+        render(tokenizer, [USER], chat([USER]))
     assert refused.value.field == "chat.messages"
     assert "roles must alternate" in str(refused.value)

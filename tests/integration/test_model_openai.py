@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import grpc
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -24,6 +25,7 @@ from pydantic import BaseModel
 
 from generated import sluice_pb2 as pb
 from model_service.client import GenerationError, SluiceClient
+from tests.integration.conftest import _make_model
 from tests.integration.edge_fixtures import EDGE_ENV, streamed_tool_calls, wait_ready
 from tests.procs import Proc, start_edge
 
@@ -352,3 +354,64 @@ async def test_hostile_constraints_are_refused_fast_and_the_worker_serves_on(
             assert "structured_output" in err.value.message, name
         assert await beside == alone
     assert vllm_worker.pid == pid and vllm_worker.proc.poll() is None
+
+
+RIVER = [{"role": "user", "content": "Name a river."}]
+PREFILL = [*RIVER, {"role": "assistant", "content": "The river"}]
+
+
+def _rendered(edge: Proc, body: dict[str, Any]) -> list[int]:
+    resp = httpx.post(f"http://{edge.address}/v1/chat/completions/render", json=body, timeout=30)
+    assert resp.status_code == 200, resp.text
+    return list(resp.json()["token_ids"])
+
+
+def test_chat_template_controls_render_as_transformers_does_and_answer_so(
+    client: openai.OpenAI, edge: Proc
+) -> None:
+    """vLLM's chat-template controls through the SDK on SmolLM2: each renders the ids
+    transformers' `apply_chat_template` gives for it (documents and template variables
+    reach a template that ignores them); the greedy answer of a prefill equals the
+    completion of its rendered ids; `echo` puts the prefill before the reply (streamed and
+    not); without a generation prompt the reply takes the final message's role."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(_make_model()))
+
+    def ids(messages: Any, **kw: Any) -> list[int]:
+        text = tok.apply_chat_template(messages, tokenize=False, **kw)
+        return list(tok.encode(text, add_special_tokens=False))
+
+    cases: list[tuple[dict[str, Any], list[int]]] = [
+        ({"messages": PREFILL, "add_generation_prompt": False, "continue_final_message": True},
+         ids(PREFILL, continue_final_message=True)),
+        ({"messages": PREFILL, "add_generation_prompt": False}, ids(PREFILL)),
+        ({"messages": RIVER, "documents": [{"title": "t", "text": "x"}],
+          "chat_template_kwargs": {"enable_thinking": False}},
+         ids(RIVER, add_generation_prompt=True)),
+    ]  # fmt: skip
+    assert [_rendered(edge, body) for body, _ in cases] == [want for _, want in cases]
+    prefill: Any = {"add_generation_prompt": False, "continue_final_message": True}
+    kw: dict[str, Any] = dict(model="", max_tokens=8, temperature=0)
+    answer = client.chat.completions.create(messages=PREFILL, extra_body=prefill, **kw)
+    plain = client.completions.create(prompt=cases[0][1], **kw)
+    assert answer.choices[0].message.content == plain.choices[0].text
+    echoed = client.chat.completions.create(
+        messages=PREFILL, extra_body={**prefill, "echo": True}, **kw
+    )
+    stream = client.chat.completions.create(
+        messages=PREFILL, extra_body={**prefill, "echo": True}, stream=True, **kw
+    )
+    want = "The river" + plain.choices[0].text
+    assert [echoed.choices[0].message.content, _text(stream)] == [want, want]
+    user_turn = client.chat.completions.create(
+        messages=RIVER, extra_body={"add_generation_prompt": False}, **kw
+    )
+    assert user_turn.choices[0].message.role == "user"
+    for body, param in (
+        ({"continue_final_message": True}, "continue_final_message"),
+        ({"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs"),
+    ):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(messages=PREFILL, extra_body=body, **kw)
+        assert isinstance(err.value.body, dict) and err.value.body.get("param") == param

@@ -312,6 +312,31 @@ def test_continuation_start_chat_and_prompt() -> None:
     assert cont2.prompt == "Once upon" and not cont2.sampling.HasField("max_tokens")
 
 
+def test_continuation_of_template_controlled_chats() -> None:
+    """A prefill (continue_final_message) continues by growing its final message; a
+    reply in the final message's role (no generation prompt, not continuing) has no text
+    to extend and is not continued; a closed-turn default continues as an open one."""
+    prefill = pb.StartGeneration(request_id="r")
+    prefill.chat.messages.add(role="user", content="hi")
+    prefill.chat.messages.add(role="assistant", content="The")
+    prefill.chat.add_generation_prompt, prefill.chat.continue_final_message = False, True
+    cont = continuation_start(prefill, " river", 1, 1)
+    assert [(m.role, m.content) for m in cont.chat.messages] == [
+        ("user", "hi"),
+        ("assistant", "The river"),
+    ]
+    closed = pb.StartGeneration()
+    closed.CopyFrom(prefill)
+    closed.chat.continue_final_message = False
+    explicit = pb.StartGeneration()
+    explicit.CopyFrom(prefill)
+    explicit.chat.messages.pop()
+    explicit.chat.add_generation_prompt, explicit.chat.continue_final_message = True, False
+    opened = continuation_start(explicit, " The", 1, 1).chat
+    assert [may_continue("always", s) for s in (prefill, closed, explicit)] == [True, False, True]
+    assert (opened.add_generation_prompt, opened.continue_final_message) == (False, True)
+
+
 async def test_metrics_text_groups_each_family() -> None:
     """Prometheus wants every sample of a family right after its TYPE line."""
     reg = registry(PoolSpec("p", "", 1.0, ["a:1", "b:1"]), PoolSpec("q", "", 2.0, ["c:1"]))

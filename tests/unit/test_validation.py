@@ -80,3 +80,62 @@ def test_without_max_tokens_the_rest_of_the_context_as_vllm() -> None:
     assert resolve_max_tokens(req(), uncapped, 99) == 1
     assert resolve_max_tokens(req(max_tokens=5), uncapped, 10) == 5
     assert EngineConfig().default_max_tokens == 0  # no cap unless configured
+
+
+def _chat_start(**inputs):
+    from generated import sluice_pb2 as pb
+
+    start = pb.StartGeneration(request_id="r")
+    start.chat.messages.add(role="user", content="hi")
+    for name, value in inputs.items():
+        if name == "documents":
+            for d in value:
+                start.chat.documents.add().fields.update(d)
+        else:
+            setattr(start.chat, name, value)
+    return start
+
+
+@pytest.mark.parametrize(
+    ("inputs", "field", "says"),
+    [
+        ({"continue_final_message": True}, "chat.continue_final_message", "Cannot set both"),
+        ({"template_kwargs_json": "[1]"}, "chat.template_kwargs_json", "JSON object"),
+        ({"template_kwargs_json": "{"}, "chat.template_kwargs_json", "JSON"),
+        (
+            {"template_kwargs_json": '{"tools": [], "tokenize": true, "x": 1}'},
+            "chat.template_kwargs_json",
+            "tokenize, tools: the template's own parameters",
+        ),
+        ({"documents": [{"text": "d"}] * 129}, "chat.documents", "at most 128 documents"),
+        ({"documents": [{"text": "d" * 1000}]}, "chat.messages", "exceeds 1000 bytes"),
+    ],
+)
+def test_chat_template_inputs_are_checked(inputs, field, says):
+    """The template's other inputs, decoded from the contract, refused naming the field."""
+    from model_service.intake.decode import request_from_pb
+
+    with pytest.raises(InvalidArgument) as e:
+        validate_request(
+            request_from_pb(_chat_start(**inputs)), MODEL, Limits(max_prompt_bytes=1000)
+        )
+    assert (e.value.field, says in e.value.message) == (field, True)
+
+
+def test_continue_final_message_follows_the_contracts_older_form_when_unset():
+    """Unset: a final assistant message without a generation prompt is continued (what
+    failover continuations send); set, it says so either way."""
+    from model_service.intake.decode import request_from_pb
+
+    def decoded(**inputs):
+        start = _chat_start(**inputs)
+        start.chat.messages.add(role="assistant", content="The")
+        r = request_from_pb(start)
+        return r.add_generation_prompt, r.continue_final_message
+
+    assert [
+        decoded(),
+        decoded(add_generation_prompt=False),
+        decoded(add_generation_prompt=False, continue_final_message=False),
+        decoded(add_generation_prompt=True, continue_final_message=False),
+    ] == [(True, False), (False, True), (False, False), (True, False)]

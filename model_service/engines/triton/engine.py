@@ -134,7 +134,7 @@ class TritonEngine(Engine):
         if request.messages is None:
             return request.prompt or ""
         messages = [{"role": m.role, "content": m.content} for m in request.messages]
-        return chat_template.render(self._tokenizer, messages, request.add_generation_prompt)
+        return chat_template.render(self._tokenizer, messages, request)
 
     def check(self, request: GenerationRequest) -> None:
         field = unsupported_field(request)

@@ -140,7 +140,7 @@ class VllmEngine(Engine):
             return list(tok.encode(request.prompt or ""))
         messages = [_template_message(m) for m in request.messages]
         tools = [_template_tool(t) for t in request.tools] or None
-        text = chat_template.render(tok, messages, request.add_generation_prompt, tools)
+        text = chat_template.render(tok, messages, request, tools)
         # The template already holds the special tokens; do not add a second BOS.
         return list(tok.encode(text, add_special_tokens=False))
 
