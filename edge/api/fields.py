@@ -84,7 +84,6 @@ _SAMPLING: dict[str, Field] = {
     "truncate_prompt_tokens": refused("a prompt longer than the context is a 400"),
     "truncation_side": refused("prompts are never truncated"),
     "prompt_logprobs": refused("not yet (issue 24, #9)"),
-    "return_token_ids": refused("not yet (issue 24, #10)", False),
     "return_tokens_as_token_ids": refused("logprobs carry token text", False),
     "return_token_offsets": refused("not in the contract", False),
     "logprob_token_ids": refused("not in the contract", []),
@@ -172,6 +171,9 @@ RESPONSES: dict[str, Field] = {
     "top_logprobs": refused("not yet (issue 24, #3)"),
     "enable_response_messages": refused("not yet (issue 24, #12)", False),
 }
+_TOKEN_IDS = served("vLLM's: `prompt_token_ids` and each choice's `token_ids`")
+CHAT["return_token_ids"] = COMPLETION["return_token_ids"] = _TOKEN_IDS
+RESPONSES["return_token_ids"] = refused("chat and completions only", False)
 # Chat's names that are not the Responses API's: refused as such.
 for _name in ("n", "stop", "stream_options", "response_format", "logprobs"):
     RESPONSES[_name] = refused("not a Responses API parameter")

@@ -9,94 +9,18 @@ from typing import Any
 
 import orjson
 
+from edge.api.choices import (
+    Collected,
+    choice_reasons,
+    logprob_entries,
+    tool_call_delta,
+    usage_dict,
+)
 from edge.api.schema import Kind
 from edge.stream.job import FINISH_REASONS, Event
 from generated import sluice_pb2 as pb
 
 _dumps = orjson.dumps
-
-
-def usage_dict(u: pb.Usage) -> dict[str, Any]:
-    return {
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.prompt_tokens + u.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": u.cached_prompt_tokens},
-    }
-
-
-def _token(text: str, logprob: float) -> dict[str, Any]:
-    return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
-
-
-def tool_call_delta(t: pb.ToolCallDelta) -> dict[str, Any]:
-    """A streamed tool call part as OpenAI's `delta.tool_calls[]` entry."""
-    if t.id:
-        return {
-            "index": t.index,
-            "id": t.id,
-            "type": "function",
-            "function": {"name": t.name, "arguments": t.arguments},
-        }
-    return {"index": t.index, "function": {"arguments": t.arguments}}
-
-
-class Collected:
-    """One choice of a whole (non-streamed) response, gathered from its chunks."""
-
-    __slots__ = ("calls", "logprobs", "texts")
-
-    def __init__(self, logprobs: bool) -> None:
-        self.texts: list[str] = []
-        self.calls: dict[int, dict[str, Any]] = {}
-        self.logprobs: list[dict[str, Any]] | None = [] if logprobs else None
-
-    def add(self, chunk: pb.TokenChunk, logprobs: list[dict[str, Any]] | None) -> None:
-        self.texts.append(chunk.text)
-        if logprobs is not None and self.logprobs is not None:
-            self.logprobs.extend(logprobs)
-        for t in chunk.tool_calls:
-            call = self.calls.get(t.index)
-            if call is None:
-                fn = {"name": t.name, "arguments": ""}
-                call = self.calls[t.index] = {"id": t.id, "type": "function", "function": fn}
-            call["function"]["arguments"] += t.arguments
-
-    @property
-    def text(self) -> str:
-        return "".join(self.texts)
-
-    def tool_calls(self, reason: str = "stop") -> list[dict[str, Any]]:
-        """The calls, in order; cut by `max_tokens` (`reason` length), only those whose
-        arguments are a whole JSON object (as OpenAI and vLLM: no call for a cut one)."""
-        calls = [self.calls[i] for i in sorted(self.calls)]
-        if reason == "length":
-            calls = [c for c in calls if _whole_object(c["function"]["arguments"])]
-        return calls
-
-
-def _whole_object(text: str) -> bool:
-    try:
-        return isinstance(orjson.loads(text), dict)
-    except orjson.JSONDecodeError:
-        return False
-
-
-def choice_reasons(final: pb.Final) -> dict[int, str]:
-    """The finish reason of every choice: from `final.choices` (n > 1) or the final's own."""
-    if not final.choices:
-        return {0: FINISH_REASONS[final.reason]}
-    return {i: FINISH_REASONS.get(end.reason, "stop") for i, end in enumerate(final.choices)}
-
-
-def logprob_entries(chunk: pb.TokenChunk) -> list[dict[str, Any]]:
-    """Chat-style logprob entries of a chunk, one per token."""
-    out = []
-    for lp in chunk.logprobs:
-        entry = _token(lp.text, lp.logprob)
-        entry["top_logprobs"] = [_token(t.text, t.logprob) for t in lp.top]
-        out.append(entry)
-    return out
 
 
 class ChunkFormat:
@@ -108,6 +32,7 @@ class ChunkFormat:
     logprobs = staticmethod(logprob_entries)
 
     replay_from_start = False  # resumes pick up at the event's own message (cursor)
+    prompt_top = True  # vLLM's `prompt_token_ids`: on the response (chat), or each choice
 
     def __init__(
         self, response_id: str, model: str, created: int, include_usage: bool, n: int = 1
@@ -118,6 +43,11 @@ class ChunkFormat:
         self.include_usage = include_usage
         self.continuous_usage = False  # usage in every chunk (set by the caller)
         self.n = n
+        # vLLM's `return_token_ids` (set by the caller; its chunks are built as objects):
+        # the prompt's ids once (the worker's first message), each chunk's own ids.
+        self.token_ids = False
+        self.prompt_ids: list[int] | None = None
+        self._prompt_sent: set[int] = set()  # of choices (-1: the response's own)
         self._collected: dict[int, Collected] = {}
         self._obj = {
             "id": response_id,
@@ -144,10 +74,28 @@ class ChunkFormat:
         """A chunk to send as soon as the stream starts, if the format has one."""
         return None
 
+    @property
+    def prompt_first(self) -> bool:
+        """Whether the stream reads the worker's first message (the prompt's token ids)
+        before its opening event."""
+        return self.token_ids
+
+    def note_prompt(self, chunk: pb.TokenChunk) -> None:
+        """Keep the prompt's token ids from the message that carries them (the first)."""
+        if chunk.prompt_token_ids and self.prompt_ids is None:
+            self.prompt_ids = list(chunk.prompt_token_ids)
+
+    def _prompt_ids_once(self, key: int) -> list[int] | None:
+        """The prompt's ids the first time `key` (a choice, -1 the response) asks."""
+        if not self.token_ids or self.prompt_ids is None or key in self._prompt_sent:
+            return None
+        self._prompt_sent.add(key)
+        return self.prompt_ids
+
     def opening_events(self, seq: int) -> list[Event]:
         """The event that opens a stream, if the format has one: with n > 1 one chunk
         holding every choice's opening (one event, so one id to resume after)."""
-        if self.n == 1:
+        if self.n == 1 and not self.token_ids:
             first = self.opening()
             return [] if first is None else [(None, first)]
         choices = [self._open_choice(c) for c in range(self.n)]
@@ -165,6 +113,8 @@ class ChunkFormat:
 
     def _chunk_of(self, choices: list[Any], usage: pb.Usage | None) -> bytes:
         obj = {**self._obj, "choices": choices}
+        if self.prompt_top and (ids := self._prompt_ids_once(-1)) is not None:
+            obj["prompt_token_ids"] = ids
         if usage is not None:
             obj["usage"] = usage_dict(usage)
         elif self.include_usage:
@@ -174,6 +124,7 @@ class ChunkFormat:
     def events(self, chunk: pb.TokenChunk, logprobs: Any, seq: int) -> list[Event]:
         """A chunk of any shape (choice, tool calls, usage, a choice's end) as events."""
         usage = chunk.usage if chunk.HasField("usage") else None
+        self.note_prompt(chunk)
         out: list[Event] = []
         fields = self._choice_delta(chunk, logprobs)
         if fields is not None:
@@ -204,6 +155,7 @@ class ChunkFormat:
 
     def collect(self, chunk: pb.TokenChunk, logprobs: list[dict[str, Any]] | None) -> None:
         """Gather a chunk for the whole response."""
+        self.note_prompt(chunk)
         got = self._collected.get(chunk.choice)
         if got is None:
             got = self._collected[chunk.choice] = Collected(logprobs is not None)
@@ -217,9 +169,16 @@ class ChunkFormat:
             got = self._collected.get(i) or Collected(logprobs)
             reason = reasons.get(i, "stop")
             fields = self.choice(got.text, got.logprobs, got.tool_calls(reason))
-            choices.append({"index": i, **fields, "finish_reason": reason})
-        return {**self._obj, "object": self.response_object, "choices": choices,
-                "usage": usage_dict(final.usage)}  # fmt: skip
+            choice = {"index": i, **fields, "finish_reason": reason}
+            if not self.prompt_top:  # vLLM's fields, null when not asked
+                choice["prompt_token_ids"] = self.prompt_ids if self.token_ids else None
+            choice["token_ids"] = got.ids if self.token_ids else None
+            choices.append(choice)
+        out = {**self._obj, "object": self.response_object, "choices": choices,
+               "usage": usage_dict(final.usage)}  # fmt: skip
+        if self.prompt_top:
+            out["prompt_token_ids"] = self.prompt_ids if self.token_ids else None
+        return out
 
     def delta(self, text: str, logprobs: list[dict[str, Any]] | None) -> bytes:
         raise NotImplementedError
@@ -296,12 +255,21 @@ class ChatFormat(ChunkFormat):
             delta["content"] = chunk.text
         if chunk.tool_calls:
             delta["tool_calls"] = [tool_call_delta(t) for t in chunk.tool_calls]
-        if not delta and logprobs is None:
+        ids = self.token_ids and chunk.token_ids
+        if not delta and logprobs is None and not ids:
             return None
-        return {"delta": delta, "logprobs": None if logprobs is None else {"content": logprobs}}
+        out: dict[str, Any] = {"delta": delta}
+        out["logprobs"] = None if logprobs is None else {"content": logprobs}
+        if self.token_ids:
+            out["token_ids"] = list(chunk.token_ids)
+        return out
 
     def _finish_choice(self, choice: int, reason: str) -> dict[str, Any]:
-        return {"index": choice, "delta": {}, "logprobs": None, "finish_reason": reason}
+        out: dict[str, Any] = {"index": choice, "delta": {}, "logprobs": None}
+        out["finish_reason"] = reason
+        if self.token_ids:
+            out["token_ids"] = []
+        return out
 
     def finish(self, reason: str) -> bytes:
         return (
@@ -328,6 +296,7 @@ class CompletionFormat(ChunkFormat):
 
     object_name = "text_completion"
     response_object = "text_completion"
+    prompt_top = False
 
     def __init__(
         self, response_id: str, model: str, created: int, include_usage: bool, n: int = 1
@@ -371,13 +340,23 @@ class CompletionFormat(ChunkFormat):
         )
 
     def _choice_delta(self, chunk: pb.TokenChunk, logprobs: Any) -> dict[str, Any] | None:
-        if not chunk.text and logprobs is None:
+        if not chunk.text and logprobs is None and not (self.token_ids and chunk.token_ids):
             return None
         legacy = None if logprobs is None else self._legacy_logprobs(logprobs, chunk.choice)
-        return {"text": chunk.text, "logprobs": legacy}
+        out: dict[str, Any] = {"text": chunk.text, "logprobs": legacy}
+        if self.token_ids:
+            ids = self._prompt_ids_once(chunk.choice)
+            if ids is not None:  # vLLM's: on each choice's first chunk
+                out["prompt_token_ids"] = ids
+            out["token_ids"] = list(chunk.token_ids)
+        return out
 
     def _finish_choice(self, choice: int, reason: str) -> dict[str, Any]:
-        return {"index": choice, "text": "", "logprobs": None, "finish_reason": reason}
+        out: dict[str, Any] = {"index": choice, "text": "", "logprobs": None}
+        out["finish_reason"] = reason
+        if self.token_ids:
+            out["token_ids"] = []
+        return out
 
     def choice(
         self, text: str, logprobs: list[dict[str, Any]] | None, calls: list[dict[str, Any]]

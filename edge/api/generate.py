@@ -150,6 +150,7 @@ def _format(kind: Kind, request_id: str, model: str, req: GenRequest) -> Format:
         return ResponsesFormat(request_id, model, created, req.echo)
     fmt = make_format(kind, request_id, model, created, req.include_usage, req.n)
     fmt.continuous_usage = req.continuous_usage
+    fmt.token_ids = req.return_token_ids
     if isinstance(fmt, ChatFormat):
         fmt.role, fmt.echo = req.role, req.echo_text
     return fmt
@@ -232,7 +233,11 @@ async def generate(state: EdgeState, request: Request, kind: Kind) -> Response |
         name_worker=True,
         owner=p.owner,
         body=p.body,
-        rich=req.n > 1 or bool(req.tools) or req.continuous_usage or kind == "responses",
+        rich=req.n > 1
+        or bool(req.tools)
+        or req.continuous_usage
+        or req.return_token_ids
+        or kind == "responses",
     )
     return GenerationResponse(job)
 

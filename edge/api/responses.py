@@ -182,6 +182,10 @@ class ResponsesFormat:
 
     replay_from_start = True
     include_usage = False
+    prompt_first = False
+
+    def note_prompt(self, chunk: pb.TokenChunk) -> None:
+        pass
 
     def __init__(self, request_id: str, model: str, created: int, echo: dict[str, Any]) -> None:
         self.response_id = f"resp_{request_id}"

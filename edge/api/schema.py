@@ -68,6 +68,7 @@ class GenRequest:
     role: str = "assistant"  # of the reply: the final message's without a generation prompt
     echo_text: str = ""  # chat `echo`: the final message's content, put before the reply
     echo: dict[str, Any] = field(default_factory=dict)  # Responses API: fields it echoes
+    return_token_ids: bool = False  # vLLM's: prompt and output token ids in the answer
 
     def chat_input(self) -> pb.ChatInput:
         """The contract's ChatInput of a chat request (messages, tools, template inputs)."""
@@ -117,6 +118,7 @@ class GenRequest:
             detach_grace_ms=detach_grace_ms,
             structured_output=self.structured,
             stream_usage=self.continuous_usage,
+            return_prompt_tokens=self.return_token_ids,
         )
         if self.messages is not None:
             start.chat.CopyFrom(self.chat_input())
@@ -234,6 +236,7 @@ def common(body: dict[str, Any], req: GenRequest) -> None:
     req.user = _str(body, "user", 256)
     req.service_tier = check_tier(_str(body, "service_tier", 16))
     req.stream = bool(_bool(body, "stream"))
+    req.return_token_ids = bool(_bool(body, "return_token_ids"))
     opts = body.get("stream_options")
     if opts is not None:
         if not req.stream:

@@ -250,6 +250,11 @@ class Generation:
         """Drive the engine to the end; every outcome ends the log with a final message."""
         self._started = True
         try:
+            ids = self.request.prompt_token_ids
+            if self.request.return_prompt_tokens and ids is not None:
+                msg = pb.GenerateResponse(request_id=self.request_id, index=len(self.log))
+                msg.chunk.prompt_token_ids.extend(ids)
+                self._append(msg)
             reason, stop = await self._drive()
             self._final(reason, stop=stop)
         except SluiceError as err:

@@ -125,6 +125,7 @@ def request_from_pb(start: pb.StartGeneration) -> GenerationRequest:
         model=start.model,
         timeout_s=start.timeout_ms / 1000 if start.timeout_ms else None,
         stream_usage=start.stream_usage,
+        return_prompt_tokens=start.return_prompt_tokens,
         tenant=start.tenant,
     )
     if start.priority:

@@ -415,3 +415,25 @@ def test_chat_template_controls_render_as_transformers_does_and_answer_so(
         with pytest.raises(openai.BadRequestError) as err:
             client.chat.completions.create(messages=PREFILL, extra_body=body, **kw)
         assert isinstance(err.value.body, dict) and err.value.body.get("param") == param
+
+
+def test_return_token_ids_are_the_engines(client: openai.OpenAI) -> None:
+    """On SmolLM2: the prompt ids are transformers' rendering of the chat, the choice's
+    ids decode to its text, streamed ids equal the whole answer's."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(_make_model()))
+    text = tok.apply_chat_template(RIVER, tokenize=False, add_generation_prompt=True)
+    kw: Any = dict(model="", max_tokens=8, temperature=0, extra_body={"return_token_ids": True})
+    whole = client.chat.completions.create(messages=RIVER, **kw)
+    extra, choice = whole.model_extra or {}, whole.choices[0]
+    ids = (choice.model_extra or {})["token_ids"]
+    assert extra["prompt_token_ids"] == tok.encode(text, add_special_tokens=False)
+    assert tok.decode(ids, skip_special_tokens=True) == choice.message.content
+    streamed = [
+        i
+        for c in client.chat.completions.create(messages=RIVER, stream=True, **kw)
+        for ch in c.choices
+        for i in (ch.model_extra or {}).get("token_ids") or []
+    ]
+    assert streamed == ids

@@ -275,6 +275,59 @@ def test_responses_history_with_reasoning_items_is_served_as_without_them(
     assert info.value.param == "input[0].summary"
 
 
+def extra(obj: Any) -> dict[str, Any]:
+    """The fields the SDK's models do not declare (vLLM's extensions)."""
+    return obj.model_extra or {}
+
+
+def _rendered(sim: Stack, path: str, body: dict[str, Any]) -> list[int]:
+    got = httpx.post(f"{sim.base}/v1/{path}/render", json=body, timeout=10).json()
+    return list((got if isinstance(got, dict) else got[0])["token_ids"])
+
+
+def test_return_token_ids_streamed_and_not_as_vllm_lays_them_out(
+    client: openai.OpenAI, sim: Stack
+) -> None:
+    """vLLM's `return_token_ids`: chat puts `prompt_token_ids` on the response (streamed:
+    the first chunk) and `token_ids` on each choice (each chunk); completions put both on
+    each choice (streamed: prompt ids on each choice's first chunk). The prompt ids are
+    the render endpoint's, a choice's ids as many as its completion tokens, the streamed
+    ids the whole answer's; without it, the whole answers carry them null."""
+    kw: Any = {"model": "", "max_tokens": 6, "seed": 5, "extra_body": {"return_token_ids": True}}
+    prompt = _rendered(sim, "chat/completions", {"messages": ASK})
+    chat = client.chat.completions.create(messages=ASK, n=2, **kw)
+    assert extra(chat)["prompt_token_ids"] == prompt
+    ids = [extra(c)["token_ids"] for c in chat.choices]
+    assert sum(map(len, ids)) == chat.usage.completion_tokens
+    chunks = list(client.chat.completions.create(messages=ASK, n=2, stream=True, **kw))
+    assert [extra(c).get("prompt_token_ids") for c in chunks[:1]] == [prompt]
+    assert all("prompt_token_ids" not in extra(c) for c in chunks[1:])
+    streamed: dict[int, list[int]] = {0: [], 1: []}
+    for c in chunks:
+        for ch in c.choices:
+            streamed[ch.index] += extra(ch).get("token_ids") or []
+    assert [streamed[0], streamed[1]] == ids
+
+    text = "The rivers of France"
+    comp = client.completions.create(prompt=text, n=2, **kw)
+    text_ids = _rendered(sim, "completions", {"prompt": text})
+    assert [extra(c)["prompt_token_ids"] for c in comp.choices] == [text_ids, text_ids]
+    cids = [extra(c)["token_ids"] for c in comp.choices]
+    assert sum(map(len, cids)) == comp.usage.completion_tokens
+    firsts: dict[int, list[Any]] = {0: [], 1: []}
+    got: dict[int, list[int]] = {0: [], 1: []}
+    for c in client.completions.create(prompt=text, n=2, stream=True, **kw):
+        for ch in c.choices:
+            firsts[ch.index].append(extra(ch).get("prompt_token_ids"))
+            got[ch.index] += extra(ch).get("token_ids") or []
+    assert [f[0] for f in firsts.values()] == [text_ids, text_ids]
+    assert not any(any(f[1:]) for f in firsts.values())
+    assert [got[0], got[1]] == cids
+
+    plain = client.chat.completions.create(messages=ASK, model="", max_tokens=2)
+    assert (extra(plain)["prompt_token_ids"], extra(plain.choices[0])["token_ids"]) == (None, None)
+
+
 # -- exact resume in the middle of each shape -------------------------------------------
 
 RESUME_CASES = {

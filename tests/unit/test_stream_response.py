@@ -662,9 +662,11 @@ async def test_a_whole_response_is_one_json_body() -> None:
                 "message": {"role": "assistant", "content": "Hello world"},
                 "logprobs": None,
                 "finish_reason": "stop",
+                "token_ids": None,  # vLLM's return_token_ids fields, null when not asked
             }
         ],
         "usage": orjson.loads(USAGE),
+        "prompt_token_ids": None,
     }
     assert [m["type"] for m in client.sent] == ["http.response.start", "http.response.body"]
     finished_cleanly(client, call, j)
