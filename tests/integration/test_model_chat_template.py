@@ -17,6 +17,7 @@ from model_service.errors import InvalidArgument
 from model_service.intake.decode import request_from_pb
 from model_service.types import GenerationRequest
 from tests.integration.conftest import _make_model
+from tests.unit.test_validation import chat_start
 
 pytestmark = pytest.mark.model
 
@@ -26,14 +27,9 @@ USER = {"role": "user", "content": "Name a river."}
 def chat(messages: list[dict[str, Any]], **inputs: Any) -> GenerationRequest:
     """The domain request of a ChatInput with these messages and template inputs, as the
     worker decodes it from the contract."""
-    start = pb.StartGeneration()
+    start = chat_start(**inputs)
+    del start.chat.messages[:]
     start.chat.messages.extend(pb.ChatMessage(**m) for m in messages)
-    for name, value in inputs.items():
-        if name == "documents":
-            for d in value:
-                start.chat.documents.add().fields.update(d)
-        else:
-            setattr(start.chat, name, value)
     return request_from_pb(start)
 
 

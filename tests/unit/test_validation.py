@@ -82,7 +82,8 @@ def test_without_max_tokens_the_rest_of_the_context_as_vllm() -> None:
     assert EngineConfig().default_max_tokens == 0  # no cap unless configured
 
 
-def _chat_start(**inputs):
+def chat_start(**inputs):
+    """A StartGeneration of one user message and these ChatInput template inputs."""
     from generated import sluice_pb2 as pb
 
     start = pb.StartGeneration(request_id="r")
@@ -117,7 +118,7 @@ def test_chat_template_inputs_are_checked(inputs, field, says):
 
     with pytest.raises(InvalidArgument) as e:
         validate_request(
-            request_from_pb(_chat_start(**inputs)), MODEL, Limits(max_prompt_bytes=1000)
+            request_from_pb(chat_start(**inputs)), MODEL, Limits(max_prompt_bytes=1000)
         )
     assert (e.value.field, says in e.value.message) == (field, True)
 
@@ -128,7 +129,7 @@ def test_continue_final_message_follows_the_contracts_older_form_when_unset():
     from model_service.intake.decode import request_from_pb
 
     def decoded(**inputs):
-        start = _chat_start(**inputs)
+        start = chat_start(**inputs)
         start.chat.messages.add(role="assistant", content="The")
         r = request_from_pb(start)
         return r.add_generation_prompt, r.continue_final_message
