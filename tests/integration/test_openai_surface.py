@@ -426,3 +426,21 @@ async def test_constraints_over_grpc_with_the_python_client(sim: Stack) -> None:
         assert by_choice == {0: 4, 1: 4}
         assert gen.final is not None and [c.completion_tokens for c in gen.final.choices] == [4, 4]
         assert gen.final.usage.completion_tokens == 8
+
+
+def test_the_sdks_stream_helpers_read_our_separate_finish_chunk(client: openai.OpenAI) -> None:
+    """OpenAI's layout (the finish reason on an empty-delta chunk of its own, vLLM puts it
+    on the last token's) is what the SDK's stream helpers assemble: their final completion
+    equals the whole answer, text, finish reason and token counts."""
+    kw: Any = {"model": "", "messages": ASK, "max_tokens": 400, "seed": 11}
+    whole = client.chat.completions.create(**kw)
+    with client.chat.completions.stream(**kw, stream_options={"include_usage": True}) as s:
+        texts = [e.delta for e in s if e.type == "content.delta"]
+        final = s.get_final_completion()
+
+    def seen(text: str, c: Any) -> tuple[Any, ...]:
+        u = c.usage
+        return text, c.choices[0].finish_reason, u.prompt_tokens, u.completion_tokens
+
+    assert seen("".join(texts), final) == seen(whole.choices[0].message.content or "", whole)
+    assert final.choices[0].message.content == whole.choices[0].message.content
