@@ -124,7 +124,8 @@ class ChunkFormat:
     def events(self, chunk: pb.TokenChunk, logprobs: Any, seq: int) -> list[Event]:
         """A chunk of any shape (choice, tool calls, usage, a choice's end) as events."""
         usage = chunk.usage if chunk.HasField("usage") else None
-        self.note_prompt(chunk)
+        if self.token_ids:
+            self.note_prompt(chunk)
         out: list[Event] = []
         fields = self._choice_delta(chunk, logprobs)
         if fields is not None:
@@ -155,7 +156,8 @@ class ChunkFormat:
 
     def collect(self, chunk: pb.TokenChunk, logprobs: list[dict[str, Any]] | None) -> None:
         """Gather a chunk for the whole response."""
-        self.note_prompt(chunk)
+        if self.token_ids:
+            self.note_prompt(chunk)
         got = self._collected.get(chunk.choice)
         if got is None:
             got = self._collected[chunk.choice] = Collected(logprobs is not None)

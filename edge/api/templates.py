@@ -15,19 +15,13 @@ if TYPE_CHECKING:
     from edge.api.schema import GenRequest
 
 
-def _flag(body: dict[str, Any], name: str) -> bool | None:
-    v = body.get(name)
-    if v is None or isinstance(v, bool):
-        return v
-    raise invalid(name, f"'{name}' must be a boolean")
-
-
-def template_inputs(body: dict[str, Any], req: GenRequest) -> None:
-    """Read the controls into `req` (a 400 naming the field when malformed). vLLM's
-    defaults (a generation prompt, the final message closed) go out unset."""
-    prompt = _flag(body, "add_generation_prompt")
+def template_inputs(body: dict[str, Any], req: GenRequest, flags: dict[str, bool | None]) -> None:
+    """Read the controls into `req` (a 400 naming the field when malformed), `flags` the
+    body's booleans among them as the parser read them. vLLM's defaults (a generation
+    prompt, the final message closed) go out unset."""
+    prompt = flags["add_generation_prompt"]
     prompt = True if prompt is None else prompt
-    extend = bool(_flag(body, "continue_final_message"))
+    extend = bool(flags["continue_final_message"])
     if extend and prompt:
         raise invalid(
             "continue_final_message",
@@ -52,5 +46,5 @@ def template_inputs(body: dict[str, Any], req: GenRequest) -> None:
     messages = req.messages or []
     if not prompt and messages:  # vLLM's: the reply is in the final message's role
         req.role = messages[-1].role
-    if _flag(body, "echo") and messages and messages[-1].role == req.role:
+    if flags["echo"] and messages and messages[-1].role == req.role:
         req.echo_text = messages[-1].content

@@ -50,11 +50,7 @@ class ReplayLog(list[Entry]):
         False: the caller appends a new chunk."""
         if self:
             tail = self[-1]
-            if (
-                type(tail) is not bytes
-                and tail.HasField("chunk")  # type: ignore[union-attr]
-                and not tail.chunk.prompt_token_ids  # type: ignore[union-attr]
-            ):
+            if type(tail) is not bytes and tail.HasField("chunk"):  # type: ignore[union-attr]
                 # Joined once, when the entry is frozen: `chunk.text += part` copies the
                 # whole text each time, quadratic for a client that stopped reading.
                 self._tail_text.append(text)
@@ -69,7 +65,7 @@ class ReplayLog(list[Entry]):
             tail = self[-1]
             if type(tail) is not bytes and tail.HasField("chunk"):  # type: ignore[union-attr]
                 chunk: pb.TokenChunk = tail.chunk  # type: ignore[union-attr]
-                if chunk.choice == choice and not chunk.tool_calls and not chunk.prompt_token_ids:
+                if chunk.choice == choice and not chunk.tool_calls:
                     self._tail_text.append(text)
                     chunk.token_ids.extend(token_ids)
                     return chunk

@@ -255,6 +255,7 @@ class Generation:
                 msg = pb.GenerateResponse(request_id=self.request_id, index=len(self.log))
                 msg.chunk.prompt_token_ids.extend(ids)
                 self._append(msg)
+                self.log.take(len(self.log) - 1)  # serialized now: no token merges into it
             reason, stop = await self._drive()
             self._final(reason, stop=stop)
         except SluiceError as err:
