@@ -437,3 +437,45 @@ def test_return_token_ids_are_the_engines(client: openai.OpenAI) -> None:
         for i in (ch.model_extra or {}).get("token_ids") or []
     ]
     assert streamed == ids
+
+
+HOSTILE_TEMPLATE_INPUTS: dict[str, dict[str, Any]] = {
+    "template variables nested 60 deep": {
+        "chat_template_kwargs": {"x": json.loads("[" * 60 + "]" * 60)}
+    },
+    "the template's own parameter": {"chat_template_kwargs": {"messages": []}},
+    "a variable the template calls": {"chat_template_kwargs": {"raise_exception": "no"}},
+    "a document of 2,000,000 characters": {"documents": [{"text": "river " * 333_334}]},
+    "129 documents": {"documents": [{"text": "d"}] * 129},
+    "a document field not a string": {"documents": [{"text": 1}]},
+    "continue a user message": {"add_generation_prompt": False, "continue_final_message": True},
+    "both flags": {"continue_final_message": True},
+    "token ids asked as text": {"return_token_ids": "yes"},
+}
+
+
+def test_hostile_template_inputs_are_4xx_fast_and_a_stream_beside_is_untouched(
+    client: openai.OpenAI, vllm_worker: Proc
+) -> None:
+    """Each template input an attacker might send is answered below 500 within seconds,
+    while a greedy stream runs beside them; that stream's answer is its answer alone,
+    and the worker is the same process."""
+    import concurrent.futures
+
+    pid = vllm_worker.pid
+    kw: Any = dict(model="", max_tokens=24, temperature=0)
+    alone = client.chat.completions.create(messages=RIVER, **kw).choices[0].message.content
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        beside = pool.submit(
+            lambda: _text(client.chat.completions.create(messages=RIVER, stream=True, **kw))
+        )
+        for name, body in HOSTILE_TEMPLATE_INPUTS.items():
+            t0 = time.monotonic()
+            try:
+                client.chat.completions.create(messages=RIVER, extra_body=body, **kw)
+                status = 200
+            except openai.APIStatusError as err:
+                status = err.status_code
+            assert status < 500 and time.monotonic() - t0 < 10, (name, status)
+        assert beside.result(timeout=60) == alone
+    assert vllm_worker.pid == pid and vllm_worker.proc.poll() is None
