@@ -231,6 +231,7 @@ class AuditLog:
                 os.write(self._fd, data)  # O_APPEND: whole batches, never interleaved
                 if os.fstat(self._fd).st_size > self.max_bytes:
                     self._rotate()
+                    self._open()  # PATH is there again at once (for `tail -F`)
             self.written += n
         except OSError as exc:
             self.failed += n
