@@ -1,7 +1,8 @@
 """Per-key limits, kept in the store so that they hold for the fleet: requests per second (a
 token bucket), concurrent generations (a lease until the last byte or the ASGI call's
-end), tokens per minute (reserved once the body is parsed, settled at the end). The
-caller is the API key's name ("anonymous" with authentication off: edge-wide limits)."""
+end), tokens per minute (reserved once the body is parsed, settled at the end); a key's budget
+(`budgets.py`) before them. The caller is the API key's name ("anonymous" with
+authentication off: edge-wide limits)."""
 
 from __future__ import annotations
 
