@@ -1,5 +1,5 @@
 """The audit log (`--audit-log PATH|-`): one JSON line per request (who, what, outcome,
-tokens, latency, worker, trace id; with `--audit-bodies` the bodies, redacted). `submit`
+tokens, latency, worker, trace id; with `--audit-bodies` an API call's bodies, redacted). `submit`
 only queues (bounded: a full queue drops and counts, never waits); one writer thread
 serializes, redacts, writes and rotates by size (processes share the file: O_APPEND,
 rotation under a lock file). No header reaches a line: keys, cookies, Authorization never
@@ -190,7 +190,7 @@ class AuditLog:
             "bytes": rec.bytes_sent,
             "worker": rec.worker or None,
         }
-        if self.bodies:
+        if self.bodies and rec.caller:  # API calls only (module docstring)
             raw = rec.request_body
             doc["request"] = None if raw is None else _json(raw)
             doc["response"] = response_doc(rec.response_body or [])

@@ -28,7 +28,7 @@ class RequestRecord:
 
     route: str
     caller: str | None = None  # the API key's name (security sets it)
-    tenant: str = ""  # the key's tenant (a generation's prologue sets it)
+    tenant: str = ""  # the key's tenant (security sets it)
     model: str = ""  # the model a generation asked for (or its worker's)
     worker: str = ""  # the worker that held the generation at its end
     # The generation's original request id, set when its final's usage is noted (resumes
@@ -42,8 +42,9 @@ class RequestRecord:
     completion_tokens: int | None = None
     cached_tokens: int | None = None
     finish: str | None = None
-    # With `--audit-bodies` (`bodies` set by `ObsMiddleware`): the request's body as the
-    # handler read it, and the response's bytes as they went out (up to a cap).
+    # With `--audit-bodies` (`bodies` set by `ObsMiddleware`), for API calls (a caller):
+    # the request's body as the handler read it, the response's bytes as they went out
+    # (up to a cap). Not /metrics, /admin or the public pages.
     bodies: bool = False
     request_body: bytes | None = None
     response_body: list[bytes] | None = None
@@ -123,8 +124,9 @@ class ObsMiddleware:
         async def observed_send(message: Message) -> None:
             if message["type"] == "http.response.body":
                 body = message.get("body", b"")
-                if rec.response_body is not None and rec.bytes_sent < MAX_AUDIT_RESPONSE_BYTES:
-                    rec.response_body.append(body)
+                kept = rec.response_body
+                if kept is not None and rec.caller and rec.bytes_sent < MAX_AUDIT_RESPONSE_BYTES:
+                    kept.append(body)
                 rec.bytes_sent += len(body)
                 if not message.get("more_body", False):
                     rec.complete()

@@ -310,6 +310,10 @@ def test_the_audit_log_has_a_line_per_request_bodies_only_when_asked_and_no_secr
     assert all("request" not in line and "response" not in line for line in plain_lines)
     lines = audit_lines(bodies, 5)
     streamed, whole, completion = lines[0], lines[1], lines[2]
+    # Bodies of API calls only: not a refused call's, a probe's or /metrics'.
+    probes = [orjson.loads(ln) for ln in bodies.read_bytes().splitlines() if b"/readyz" in ln]
+    assert probes and all("response" not in p for p in [lines[3], *probes])
+    assert "response" in lines[4]  # /v1/models: an API call
     assert streamed["request"]["messages"] == [{"role": "user", "content": "[redacted]"}]
     assert streamed["request"]["max_tokens"] == 5
     assert completion["request"]["prompt"] == "pin my card is [redacted]"
