@@ -143,3 +143,30 @@ async def test_a_failing_ledger_admits_when_open_and_refuses_when_closed():
     for _ in range(2):  # the second one skips the ledger (down for a while)
         with pytest.raises(StoreUnavailable):
             await closed.check("a")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--key-budget", "a=100/week"],
+        ["--key-budget", "a=-5/day"],
+        ["--key-tenant", "a=team a"],
+        ["--key-tenant", "a"],
+        ["--audit-redact", "(unclosed"],
+        ["--audit-max-bytes", "10"],
+    ],
+)
+def test_bad_budget_tenant_and_audit_flags_are_refused_at_the_command_line(args):
+    from edge.config import build_parser, config_from_args
+
+    with pytest.raises(SystemExit):
+        config_from_args(build_parser().parse_args(args))
+
+
+def test_good_flags_parse_into_their_sections():
+    from edge.config import build_parser, config_from_args
+
+    argv = ["--key-budget", "*=9/month", "--key-tenant", "a=t", "--audit-log", "-"]
+    cfg = config_from_args(build_parser().parse_args([*argv, "--audit-redact", "/request/x"]))
+    assert (cfg.security.key_budgets, cfg.security.key_tenants) == (["*=9/month"], ["a=t"])
+    assert (cfg.audit.path, cfg.audit.redact, cfg.audit.bodies) == ("-", ["/request/x"], False)
