@@ -30,6 +30,7 @@ log = logging.getLogger("sluice.edge")
 REDACTED = "[redacted]"
 BATCH = 512  # lines written together at most
 _STOP = object()
+_DATA = re.compile(rb"^data: ?(.*)$", re.MULTILINE)
 
 
 def pointer(text: str) -> list[str]:
@@ -102,12 +103,8 @@ def response_doc(parts: list[bytes]) -> Any:
     raw = b"".join(parts)
     if not raw.lstrip().startswith((b"data:", b"id:", b"retry:", b"event:", b":")):
         return _json(raw) if raw else None
-    events = []
-    for block in raw.split(b"\n\n"):
-        data = [ln[5:].lstrip(b" ") for ln in block.split(b"\n") if ln.startswith(b"data:")]
-        if data and data != [b"[DONE]"]:
-            events.append(_json(b"\n".join(data)))
-    return events
+    # The edge writes each event's data on one line (JSON has no raw newline).
+    return [_json(d) for d in _DATA.findall(raw) if d != b"[DONE]"]
 
 
 def _trace(scope: Scope, rec: RequestRecord) -> str:
