@@ -19,7 +19,6 @@ from edge.store.connection import RedisConnection
 
 FIGURES = ("requests", "prompt", "cached", "completion")
 SEEN_TTL_S = 3600.0  # longer than any resume of a generation can come after its end
-RETENTION_S = 400 * 86400  # a day's counters are kept this long (a year and a margin)
 MAX_DAYS = 366  # the longest range one query reads
 
 
@@ -110,14 +109,15 @@ class MemoryLedger:
         return None
 
 
-# ARGV: the key prefix, seen ttl (ms), retention (s), then 8 per entry: generation, day,
-# key, tenant, model, prompt, cached, completion. KEYS: none (the names are built from the
-# prefix: every key lives on the one server, as the other scripts' do). Returns one 1/0
-# per entry: counted, or seen before.
+# ARGV: the key prefix, seen ttl (ms), then 8 per entry: generation, day, key, tenant,
+# model, prompt, cached, completion. KEYS: none (the names are built from the prefix:
+# every key lives on the one server, as the other scripts' do). The counters have no ttl
+# (a volatile-* maxmemory policy never evicts them; a day's hash is small); the seen
+# markers do. Returns one 1/0 per entry: counted, or seen before.
 ADD = """
-local prefix, ttl, keep = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local prefix, ttl = ARGV[1], tonumber(ARGV[2])
 local out = {}
-for i = 4, #ARGV, 8 do
+for i = 3, #ARGV, 8 do
   local gen, day, key, tenant, model = ARGV[i], ARGV[i+1], ARGV[i+2], ARGV[i+3], ARGV[i+4]
   local p, c, o = tonumber(ARGV[i+5]), tonumber(ARGV[i+6]), tonumber(ARGV[i+7])
   if redis.call('SET', prefix .. 'seen:' .. gen, 1, 'NX', 'PX', ttl) then
@@ -127,10 +127,8 @@ for i = 4, #ARGV, 8 do
     redis.call('HINCRBY', h, 'prompt' .. tail, p)
     redis.call('HINCRBY', h, 'cached' .. tail, c)
     redis.call('HINCRBY', h, 'completion' .. tail, o)
-    redis.call('EXPIRE', h, keep)
     for _, period in ipairs({day, string.sub(day, 1, 7)}) do
       redis.call('HINCRBY', prefix .. 'spent:' .. period, key, p + o)
-      redis.call('EXPIRE', prefix .. 'spent:' .. period, keep)
     end
     out[#out + 1] = 1
   else
@@ -152,7 +150,7 @@ class RedisLedger(RedisConnection):
     async def add(self, entries: list[Entry]) -> list[bool]:
         if not entries:
             return []
-        args: list[Any] = [self.prefix, int(SEEN_TTL_S * 1000), RETENTION_S]
+        args: list[Any] = [self.prefix, int(SEEN_TTL_S * 1000)]
         for e in entries:
             args += [e.generation, e.day, e.key, e.tenant, e.model]
             args += [e.prompt, e.cached, e.completion]
