@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,7 @@ CONTINUE_MODES = ("never", "sampled", "always")
 # How a worker is chosen within a pool for a request without a session key
 # (`edge.routing.scores`); a pool may set its own (`policy` in the pools file).
 POLICIES = ("session", "cache_aware", "least_load", "random")
+NAME_RE = r"[A-Za-z0-9_.@+-]{1,64}"  # a key's or tenant's name
 
 
 @dataclass(slots=True)
@@ -181,6 +183,17 @@ class SecurityConfig:
         "NAME=high|normal|low: a key's priority class, its default and ceiling (repeat)",
         action="append",
     )
+    # Budgets and tenants (`edge.security.budgets`, `edge.security.usage`): usage is
+    # counted per key and per tenant (the key's name unless given here).
+    key_budgets: list[str] = option(
+        [],
+        "--key-budget",
+        "NAME=TOKENS/day|month: a key's token budget ('*': every other key; repeat)",
+        action="append",
+    )
+    key_tenants: list[str] = option(
+        [], "--key-tenant", "NAME=TENANT: a key's tenant (usage, fair share)", action="append"
+    )
     max_prompt_chars: int = option(0, "--max-prompt-chars", "longest prompt, characters (0: off)")
     max_tools: int = option(128, "--max-tools", "most tools in one request (OpenAI's 128)")
     max_tools_chars: int = option(
@@ -213,6 +226,25 @@ class StoreConfig:
 
 
 @dataclass(slots=True)
+class AuditConfig:
+    """The audit log (`edge.obs.audit`): off unless a path is given."""
+
+    path: str = option("", "--audit-log", "one JSON line per request to PATH ('-': stdout)")
+    bodies: bool = option(
+        False, "--audit-bodies", "add request and response bodies", action="store_true"
+    )
+    redact: list[str] = option(
+        [],
+        "--audit-redact",
+        "/JSON/pointer (* any member) or a regex, redacted from bodies (repeat)",
+        action="append",
+    )
+    max_bytes: int = option(100 << 20, "--audit-max-bytes", "rotate the file past this size")
+    backups: int = option(5, "--audit-backups", "rotated files kept (PATH.1 ... PATH.N)")
+    queue: int = option(10_000, "--audit-queue", "lines waiting for the writer; more: dropped")
+
+
+@dataclass(slots=True)
 class WorkerTLSConfig:
     """Any field set turns TLS on for every worker channel (`edge.security.tls`)."""
 
@@ -236,6 +268,7 @@ class EdgeConfig:
     session: SessionConfig = field(default_factory=SessionConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
+    audit: AuditConfig = field(default_factory=AuditConfig)
     worker_tls: WorkerTLSConfig = field(default_factory=WorkerTLSConfig)
 
     def to_env(self) -> str:
@@ -258,6 +291,7 @@ SECTIONS: dict[str, Any] = {
     "session": SessionConfig,
     "security": SecurityConfig,
     "store": StoreConfig,
+    "audit": AuditConfig,
     "worker_tls": WorkerTLSConfig,
 }
 
@@ -302,6 +336,7 @@ def check(config: EdgeConfig) -> None:
         name, _, cls = entry.partition("=")
         if not name or cls.lower() not in ("high", "normal", "low"):
             raise SystemExit(f"--key-priority {entry!r}: expected NAME=high|normal|low")
+    _check_tenancy(config)
     if config.store.url and not config.store.url.startswith(("redis://", "rediss://", "unix://")):
         raise SystemExit("--store-url must be redis://, rediss:// or unix://")
     if config.store.timeout_s <= 0:
@@ -310,6 +345,29 @@ def check(config: EdgeConfig) -> None:
         raise SystemExit("--session-ttl must be positive, --session-store-max at least 1")
     if config.session.samesite == "none" and not config.session.secure:
         raise SystemExit("--session-cookie-samesite none needs --session-cookie-secure")
+
+
+def _check_tenancy(config: EdgeConfig) -> None:
+    """Budgets, tenants and the audit log's settings (their parsers live with them; the
+    shapes are checked here, before anything starts)."""
+    for entry in config.security.key_budgets:
+        name, _, rest = entry.partition("=")
+        amount, _, period = rest.partition("/")
+        if not name or not amount.isdigit() or int(amount) < 1 or period not in ("day", "month"):
+            raise SystemExit(f"--key-budget {entry!r}: expected NAME=TOKENS/day or /month")
+    for entry in config.security.key_tenants:
+        name, _, tenant = entry.partition("=")
+        if not re.fullmatch(NAME_RE, name) or not re.fullmatch(NAME_RE, tenant):
+            raise SystemExit(f"--key-tenant {entry!r}: expected NAME=TENANT ({NAME_RE})")
+    a = config.audit
+    if a.max_bytes < 1024 or a.backups < 0 or a.queue < 1:
+        raise SystemExit("--audit-max-bytes >= 1024, --audit-backups >= 0, --audit-queue >= 1")
+    for rule in a.redact:
+        if not rule.startswith("/"):
+            try:
+                re.compile(rule)
+            except re.error as exc:
+                raise SystemExit(f"--audit-redact {rule!r}: not a regex ({exc})") from None
 
 
 def resume_secret(path: str) -> str:

@@ -78,6 +78,7 @@ class ApiError(Exception):
         code: str | None = None,
         retryable: bool = False,
         retry_after_s: float | None = None,
+        extra: dict[str, object] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -87,17 +88,19 @@ class ApiError(Exception):
         self.code = code
         self.retryable = retryable
         self.retry_after_s = retry_after_s
+        self.extra = extra  # more fields of the error object (e.g. a budget's reset time)
 
     def body(self) -> dict[str, object]:
         """The OpenAI error object."""
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
+        error: dict[str, object] = {
+            "message": self.message,
+            "type": self.type,
+            "param": self.param,
+            "code": self.code,
         }
+        if self.extra:
+            error.update(self.extra)
+        return {"error": error}
 
     def json(self) -> bytes:
         return orjson.dumps(self.body())

@@ -1,4 +1,5 @@
-"""The admin HTTP API (`ROUTES`): pools, weights, workers and rollout plans at runtime.
+"""The admin HTTP API (`ROUTES`): pools, weights, workers and rollout plans at runtime; the
+usage ledger (`GET /admin/usage`).
 
 Installed only with an admin key (else 404, as if absent); `edge.security.auth` checks the
 key. Changes apply to new requests and never move a running stream; with a shared store
@@ -21,6 +22,7 @@ from edge.release.rollouts import Rollouts
 from edge.release.windows import FleetWindows
 from edge.routing.pools import PoolConfigError, parse_pool, parse_weight
 from edge.routing.registry import PoolRegistry
+from edge.store import usage
 from edge.store.base import StoreUnavailable
 
 MAX_ADMIN_BODY = 64 * 1024
@@ -165,6 +167,24 @@ async def act_on_rollout(request: Request, registry: PoolRegistry) -> Response:
     return _json(await _rollouts(request).act(rid, action))
 
 
+async def get_usage(request: Request, registry: PoolRegistry) -> Response:
+    """Usage by day, key, tenant and model: `from`/`to` (UTC days, YYYY-MM-DD, inclusive;
+    today by default), `key`, `tenant`, `model` filters; the rows and their total."""
+    q = request.query_params
+    today = usage.day_of(time.time())
+    first, last = q.get("from") or q.get("to") or today, q.get("to") or today
+    try:
+        days = usage.days_between(first, last)
+    except ValueError as exc:
+        msg = f"'from' and 'to' must be days (YYYY-MM-DD): {exc}"
+        raise ApiError(400, msg, param="from") from None
+    ledger: usage.Ledger | None = request.app.state.edge.ledger
+    if ledger is None:
+        raise ApiError(503, "the edge is starting", code="unavailable")
+    found = usage.rows(await ledger.cells(days), q.get("key"), q.get("tenant"), q.get("model"))
+    return _json({"from": days[0], "to": days[-1], "data": found, "total": usage.total(found)})
+
+
 # Bodies: POST /admin/pools {"name", "version", "weight", "workers", "rollback", "policy"};
 # PUT .../weight {"weight": 5}; POST .../workers {"address": "host:port"} (DELETE by
 # address or id: its streams finish); POST .../drain: no new sessions, pinned ones move
@@ -187,4 +207,5 @@ ROUTES = [
     Route("/admin/rollouts", _admin(start_rollout), methods=["POST"]),
     Route("/admin/rollouts/{rid}", _admin(get_rollout), methods=["GET"]),
     Route("/admin/rollouts/{rid}/{action}", _admin(act_on_rollout), methods=["POST"]),
+    Route("/admin/usage", _admin(get_usage), methods=["GET"]),
 ]

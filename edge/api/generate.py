@@ -122,12 +122,16 @@ async def _prepare(state: EdgeState, request: Request, kind: Kind) -> Prepared:
     if state.draining:
         raise from_status(grpc.StatusCode.UNAVAILABLE, "this edge is shutting down")
     cfg = state.config
-    given = decode_body(await read_body(request, cfg.server.max_body_bytes))
+    raw = await read_body(request, cfg.server.max_body_bytes)
+    rec = record_of(request.scope)
+    if rec.bodies:  # for the audit log (`--audit-bodies`)
+        rec.request_body = raw
+    given = decode_body(raw)
     req = _PARSERS[kind](given)
     check_sizes(req, given, cfg.security)
-    rec = record_of(request.scope)
     asked = request.headers.get(priority.HEADER)
     klass, tenant = state.priorities.of(asked, req.service_tier, rec.caller)  # 400/403 here
+    rec.model = req.model
     reserve = rec.reserve
     if reserve is not None:  # a tokens-per-minute limit: 429 here, before any worker
         await reserve(most_tokens(req))
@@ -218,12 +222,14 @@ async def generate(state: EdgeState, request: Request, kind: Kind) -> Response |
     timeout = timeout_s(request, p.req.stream, cfg.request_timeout_s)
     call = await _failover(state, request, p, cfg.detach_grace_s, timeout, stamps)
     req = p.req
-    fmt = _format(kind, p.request_id, req.model or call.worker.model_id(), req)
+    model = req.model or call.worker.model_id()
+    fmt = _format(kind, p.request_id, model, req)
     job = Job(
         request_id=p.request_id,
         trace_id=p.trace_id,
         call=call,
         fmt=fmt,
+        model=model,
         stream=p.req.stream,
         logprobs=p.req.logprobs is not None,
         config=cfg,
@@ -261,7 +267,8 @@ def _resume(
     trace = trace_id(request, point.request_id)
     cfg = state.config.stream
     original = split_id(point.request_id)[0]  # a continuation's chunks keep the stream's id
-    fmt = _format(kind, original, req.model or worker.model_id(), req)
+    model = req.model or worker.model_id()
+    fmt = _format(kind, original, model, req)
     call = ResumeCall(
         worker,
         point.request_id,
@@ -275,6 +282,7 @@ def _resume(
         trace_id=trace,
         call=call,
         fmt=fmt,
+        model=model,
         stream=True,
         logprobs=False,
         config=cfg,

@@ -13,7 +13,7 @@ import os
 import re
 import secrets
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -174,13 +174,21 @@ def forbidden(message: str) -> ApiError:
 
 
 class AuthMiddleware:
-    """Checks the key a request needs (`classify`); puts the caller's name in the
-    request's record (`edge.obs.record`) for API requests, so limits and access logs
+    """Checks the key a request needs (`classify`); puts the caller's name and tenant in
+    the request's record (`edge.obs.record`) for API requests, so limits, usage and logs
     know who called. The only place the admin key is checked."""
 
-    def __init__(self, app: ASGIApp, keys: KeyStore, admin: str, failures: dict[str, int]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        keys: KeyStore,
+        admin: str,
+        failures: dict[str, int],
+        tenants: Mapping[str, str] | None = None,
+    ) -> None:
         self.app = app
         self.keys = keys
+        self.tenants = tenants or {}  # key name -> tenant (`--key-tenant`; else the name)
         self.admin = digest(admin) if admin else None
         self.failures = failures  # Metrics.auth_failures: counted by reason
 
@@ -219,7 +227,8 @@ class AuthMiddleware:
         name = self.keys.identify(token)
         if name is None:
             return unauthorized("Incorrect API key provided.")
-        record_of(scope).caller = name
+        rec = record_of(scope)
+        rec.caller, rec.tenant = name, self.tenants.get(name, name)
         return None
 
     def _check_admin(self, token: str, path: str) -> ApiError | None:

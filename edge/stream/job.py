@@ -62,6 +62,7 @@ class Job:
     config: StreamConfig
     metrics: Metrics
     codec: ResumeCodec
+    model: str = ""  # the model asked for, else the worker's (records, usage)
     resume: ResumePoint | None = None  # set when this response continues a stream
     # How this response continues a generation: "" (a new one), "last_event_id" or
     # "stream_link" (a first GET of /v1/streams/{token}); counted as resumes.

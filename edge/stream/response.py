@@ -97,7 +97,7 @@ class GenerationResponse:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         job, metrics = self.job, self.job.metrics
         rec = self._record = record_of(scope)
-        rec.request_id, rec.trace_id = job.request_id, job.trace_id
+        rec.request_id, rec.trace_id, rec.model = job.request_id, job.trace_id, job.model
         if job.stream and scope.get("http_version") == "1.0":
             # An HTTP/1.0 client cannot read a chunked body, and uvicorn cannot send a
             # close-delimited one: say so before anything starts.
@@ -122,6 +122,7 @@ class GenerationResponse:
             task.uncancel()  # our own cancel (the client left), not the server's
             metrics.client_disconnects[rec.route] += 1
         finally:
+            rec.worker = self.call.worker.key
             self._running = False
             watcher.cancel()
             self.call.cancel()  # a no-op once the RPC ended; else the worker aborts now
@@ -250,11 +251,17 @@ class GenerationResponse:
             return
 
     def _note_final(self, final: pb.Final) -> None:
+        """The generation's usage, as its whole stream's (a continuation's final counts
+        the tokens before it): a resume that replays it notes the same generation id, so
+        usage accounting counts it once."""
         rec = self._record
         if rec is not None:
-            rec.prompt_tokens = final.usage.prompt_tokens
-            rec.completion_tokens = final.usage.completion_tokens
+            usage = final.usage
+            rec.prompt_tokens = usage.prompt_tokens
+            rec.completion_tokens = usage.completion_tokens
+            rec.cached_tokens = usage.cached_prompt_tokens
             rec.finish = pb.FinishReason.Name(final.reason)
+            rec.generation = self.job.request_id
 
     async def _fail(self, send: Send, err: ApiError) -> None:
         """An error as an HTTP status before the 200, as the final event after it."""
