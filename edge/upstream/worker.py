@@ -346,6 +346,8 @@ def adapter_error(err: grpc.aio.AioRpcError) -> ApiError:
         return ApiError(409, api.message, param="name", code="adapter_slots_full")
     if code == grpc.StatusCode.NOT_FOUND:
         return ApiError(404, api.message, type="not_found_error", code="adapter_not_found")
+    if code == grpc.StatusCode.ALREADY_EXISTS:
+        return ApiError(409, api.message, param="name", code="adapter_exists")
     if code == grpc.StatusCode.FAILED_PRECONDITION:
         return ApiError(409, api.message, code="adapters_off")
     return api
