@@ -88,3 +88,17 @@ def test_the_lora_flag_and_rank_reader() -> None:
     assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
     with pytest.raises(SluiceError):
         read_rank("/definitely/not/here")
+
+
+def test_adapters_are_off_unless_asked_for() -> None:
+    from model_service.config import build_parser, config_from_args
+
+    def slots(*argv: str) -> int | None:
+        return config_from_args(build_parser().parse_args(list(argv))).engine.max_loras
+
+    assert slots() == 0
+    assert slots("--lora", "a=/x") == 4
+    assert slots("--lora", "a=/x", "--max-loras", "1") == 1
+    assert slots("--max-loras", "3") == 3
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--max-lora-rank", "12"])  # not a size vLLM has
