@@ -56,6 +56,7 @@ class WorkerCore:
         cfg = config.engine
         self.adapters = Adapters(cfg.model_name, cfg.max_loras or 0, cfg.max_lora_rank)
         self._adapter_lock = asyncio.Lock()  # one load at a time: slots are counted before
+        self._unloads: set[asyncio.Task[None]] = set()  # engine unloads after a last generation
         # Set by the server: called when the engine dies (health -> NOT_SERVING).
         self.on_engine_dead: Callable[[], None] | None = None
 
@@ -212,7 +213,9 @@ class WorkerCore:
         if gen.request.adapter is not None:
             leaving = self.adapters.release(gen.request.adapter)
             if leaving is not None:  # unloaded while this generation ran: now the engine
-                gen.loop.create_task(self.engine.unload_adapter(leaving))
+                task = gen.loop.create_task(self.engine.unload_adapter(leaving))
+                self._unloads.add(task)
+                task.add_done_callback(self._unloads.discard)
         if gen.ticket is not None:
             self.admission.release(gen.ticket)
         self.store.ended(gen)

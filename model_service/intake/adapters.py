@@ -67,7 +67,6 @@ class Adapters:
         self.version = 0
         self._by_name: dict[str, Adapter] = {}
         self._active: Counter[Adapter] = Counter()  # generations admitted, per adapter
-        self._leaving: set[Adapter] = set()  # unloaded, the engine still holds them
         self._next_id = 1
 
     def __iter__(self):  # type: ignore[no-untyped-def]
@@ -83,8 +82,8 @@ class Adapters:
 
     def active(self) -> tuple[str, ...]:
         """Names of the registered adapters with generations now, sorted."""
-        leaving = self._leaving
-        return tuple(sorted(a.name for a, n in self._active.items() if n and a not in leaving))
+        held = self._by_name
+        return tuple(sorted(a.name for a in self._active if held.get(a.name) is a))
 
     def prepare(self, name: str, path: str) -> Adapter | None:
         """Check a load; the adapter to hand the engine, or None when it is loaded already
@@ -105,17 +104,17 @@ class Adapters:
             raise AlreadyExists(
                 f"adapter {name!r} is loaded from {held.path!r}; unload it first", field="name"
             )
+        rank = read_rank(path)  # the adapter's own faults first, then this worker's room
+        if rank > self.max_rank:
+            raise InvalidArgument(
+                "path", f"adapter rank {rank} is above the worker's --max-lora-rank {self.max_rank}"
+            )
         if len(self._by_name) >= self.slots:
             names = ", ".join(sorted(self._by_name))
             raise NoAdapterSlot(
                 f"every adapter slot is taken ({len(self._by_name)} of {self.slots}: {names}); "
                 "unload one first",
                 field="name",
-            )
-        rank = read_rank(path)
-        if rank > self.max_rank:
-            raise InvalidArgument(
-                "path", f"adapter rank {rank} is above the worker's --max-lora-rank {self.max_rank}"
             )
         adapter = Adapter(name, path, self._next_id, rank)
         self._next_id += 1
@@ -135,22 +134,17 @@ class Adapters:
         if adapter is None:
             raise NotFound(f"adapter {name!r} is not loaded", field="name")
         self.version += 1
-        if self._active[adapter]:
-            self._leaving.add(adapter)
-            return None
-        self._active.pop(adapter, None)
-        return adapter
+        return None if self._active[adapter] else adapter
 
     def acquire(self, adapter: Adapter) -> None:
+        """A generation with it is admitted (a start resolved before an unload included)."""
         self._active[adapter] += 1
 
     def release(self, adapter: Adapter) -> Adapter | None:
-        """A generation with it ended; returns it when the engine may drop it now."""
+        """A generation with it ended; returns it when it was unloaded meanwhile and this
+        was its last generation (the engine may drop it now)."""
         self._active[adapter] -= 1
         if self._active[adapter] > 0:
             return None
         del self._active[adapter]
-        if adapter in self._leaving:
-            self._leaving.discard(adapter)
-            return adapter
-        return None
+        return None if self._by_name.get(adapter.name) is adapter else adapter

@@ -78,6 +78,12 @@ def test_an_adapter_in_use_leaves_the_engine_after_its_last_generation(tmp_path:
     again = reg.prepare("a", adapter.path)
     assert again is not None and again.id != adapter.id  # a new id for vLLM's cache
     assert _code(lambda: reg.remove("zzz")) == ("NOT_FOUND", "name")
+    # A start resolved before an unload and admitted after it: the engine drops the
+    # adapter when that generation ends.
+    reg.add(again)
+    assert reg.remove("a") is again
+    reg.acquire(again)
+    assert reg.active() == () and reg.release(again) is again
 
 
 def test_the_lora_flag_and_rank_reader() -> None:
