@@ -27,6 +27,7 @@ from edge.release import canary
 from edge.release.fleet_rollouts import FleetRollouts
 from edge.release.rollouts import Rollouts
 from edge.release.windows import FleetWindows, LocalWindows, Windows
+from edge.routing.adapters import AdapterRouting
 from edge.routing.fleet import FleetSync
 from edge.routing.pinning import MemoryPins, Pinning, SessionStore
 from edge.routing.registry import registry_from_config
@@ -126,6 +127,7 @@ def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
             else MemoryPins(config.session.ttl_s, config.session.store_max)
         )
         pinning = state.pinning = Pinning(registry, pins)
+        state.adapters = AdapterRouting(registry, config.routing)
         registry.start()
         tasks = Supervisor()
         if config.server.metrics_dir:

@@ -136,6 +136,19 @@ class RoutingConfig:
     # A frozen or silently dead worker is found within keepalive + keepalive timeout:
     # its connection fails, its health Watch with it (out of rotation), and its calls end
     # UNAVAILABLE (retried elsewhere before the first token, continued or ended after).
+    # LoRA adapters (`edge.routing.adapters`): requests name them as their model.
+    loras: list[str] = option(
+        [],
+        "--lora",
+        "adapter NAME=PATH (on the workers) that --lora-autoload may load (repeat)",
+        action="append",
+    )
+    lora_autoload: bool = option(
+        False,
+        "--lora-autoload",
+        "load a known adapter on a worker when a request names it and none holds it",
+        action="store_true",
+    )
     keepalive_s: float = option(2.0, "--keepalive", "gRPC keepalive ping interval, seconds")
     keepalive_timeout_s: float = option(
         2.0, "--keepalive-timeout", "seconds a worker has to answer a keepalive ping"
@@ -330,6 +343,10 @@ def check(config: EdgeConfig) -> None:
         raise SystemExit("limits must be >= 0")
     if min(sec.max_prompt_chars, sec.max_tools_chars, sec.max_arguments_chars) < 0:
         raise SystemExit("--max-prompt-chars, --max-tools-chars, --max-arguments-chars >= 0")
+    for entry in r.loras:
+        name, sep, path = entry.partition("=")
+        if not sep or not name or not path:
+            raise SystemExit(f"--lora {entry!r}: expected NAME=PATH")
     if sec.max_tools < 1:
         raise SystemExit("--max-tools must be at least 1")
     for entry in sec.key_priorities:

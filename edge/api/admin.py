@@ -1,5 +1,5 @@
-"""The admin HTTP API (`ROUTES`): pools, weights, workers and rollout plans at runtime; the
-usage ledger (`GET /admin/usage`).
+"""The admin HTTP API (`ROUTES`): pools, weights, workers, LoRA adapters and rollout plans
+at runtime; the usage ledger (`GET /admin/usage`).
 
 Installed only with an admin key (else 404, as if absent); `edge.security.auth` checks the
 key. Changes apply to new requests and never move a running stream; with a shared store
@@ -20,6 +20,7 @@ from edge.release.fleet_rollouts import FleetRollouts
 from edge.release.plans import parse_plan
 from edge.release.rollouts import Rollouts
 from edge.release.windows import FleetWindows
+from edge.routing.adapters import AdapterRouting
 from edge.routing.pools import PoolConfigError, parse_pool, parse_weight
 from edge.routing.registry import PoolRegistry
 from edge.store import usage
@@ -142,6 +143,32 @@ async def drain_pool(request: Request, registry: PoolRegistry) -> Response:
     return _json(_one(request, registry, name))
 
 
+def _adapters(request: Request) -> AdapterRouting:
+    adapters: AdapterRouting | None = request.app.state.edge.adapters
+    if adapters is None:
+        raise ApiError(503, "the edge is starting", code="unavailable")
+    return adapters
+
+
+async def list_adapters(request: Request, registry: PoolRegistry) -> Response:
+    return _json(_adapters(request).describe())
+
+
+async def load_adapter(request: Request, registry: PoolRegistry) -> Response:
+    body = await _body(request)
+    name, path = body.get("name"), body.get("path")
+    if not isinstance(name, str) or not name:
+        raise ApiError(400, "'name' must be the adapter's name", param="name")
+    if not isinstance(path, str) or not path:
+        raise ApiError(400, "'path' must be the adapter's directory on the workers", param="path")
+    return _json(await _adapters(request).load(name, path, body.get("workers")), 201)
+
+
+async def unload_adapter(request: Request, registry: PoolRegistry) -> Response:
+    workers = request.query_params.getlist("worker") or None
+    return _json(await _adapters(request).unload(request.path_params["name"], workers))
+
+
 def _rollouts(request: Request) -> Rollouts | FleetRollouts:
     rollouts: Rollouts | FleetRollouts | None = request.app.state.edge.rollouts
     if rollouts is None:
@@ -190,6 +217,9 @@ async def get_usage(request: Request, registry: PoolRegistry) -> Response:
 # address or id: its streams finish); POST .../drain: no new sessions, pinned ones move
 # on; POST /admin/rollouts a plan (`edge.release.plans.parse_plan`); actions: pause,
 # resume, abort. `publish=True`: with a shared store the change goes to the fleet.
+# Adapters: POST /admin/adapters {"name", "path", "workers": [address or id] (default:
+# every SERVING worker)}; DELETE /admin/adapters/NAME[?worker=...] (default: every holder).
+# They change the workers, which every edge sees in their load pushes.
 ROUTES = [
     Route("/admin/pools", _admin(list_pools), methods=["GET"]),
     Route("/admin/pools", _admin(create_pool, publish=True), methods=["POST"]),
@@ -203,6 +233,9 @@ ROUTES = [
         methods=["DELETE"],
     ),
     Route("/admin/pools/{name}/drain", _admin(drain_pool, publish=True), methods=["POST"]),
+    Route("/admin/adapters", _admin(list_adapters), methods=["GET"]),
+    Route("/admin/adapters", _admin(load_adapter), methods=["POST"]),
+    Route("/admin/adapters/{name}", _admin(unload_adapter), methods=["DELETE"]),
     Route("/admin/rollouts", _admin(list_rollouts), methods=["GET"]),
     Route("/admin/rollouts", _admin(start_rollout), methods=["POST"]),
     Route("/admin/rollouts/{rid}", _admin(get_rollout), methods=["GET"]),

@@ -177,6 +177,8 @@ async def _failover(
     if req.prompt_tokens is not None:  # ids as text: a shared id prefix is a shared prefix
         text = " ".join(map(str, req.prompt_tokens))
     prompt = Prompt(messages, text)
+    if state.adapters is not None:
+        await state.adapters.ensure(req.model)  # --lora-autoload
     worker, p.key = await tracing.route_awaiting(
         affinity.place(state.sessions(), state.cookies, request, req.model, req.user, prompt)
     )

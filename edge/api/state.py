@@ -17,6 +17,7 @@ from edge.obs.multiproc import SharedMetrics
 from edge.release.fleet_rollouts import FleetRollouts
 from edge.release.rollouts import Rollouts
 from edge.release.windows import FleetWindows
+from edge.routing.adapters import AdapterRouting
 from edge.routing.fleet import FleetSync
 from edge.routing.pinning import Pinning
 from edge.routing.registry import PoolRegistry
@@ -30,6 +31,7 @@ class EdgeState:
     metrics: Metrics = field(default_factory=Metrics)
     registry: PoolRegistry | None = None  # set at startup (lifespan), as are...
     pinning: Pinning | None = None  # ... the sessions' pools
+    adapters: AdapterRouting | None = None  # ... and the LoRA adapters' loading
     rollouts: Rollouts | FleetRollouts | None = None  # ... and the rollout plans
     fleet: FleetSync | None = None  # ... and, with a shared store, the fleet's pools
     windows: FleetWindows | None = None  # ... and the fleet's canary windows

@@ -8,7 +8,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Protocol
 
 from model_service.config import EngineConfig
+from model_service.errors import FailedPrecondition
 from model_service.types import (
+    Adapter,
     EngineOutput,
     EngineStats,
     GenerationRequest,
@@ -44,6 +46,7 @@ class Engine(abc.ABC):
     """
 
     name: str = ""
+    serves_adapters = False  # LoRA adapters (`load_adapter`); the worker refuses --max-loras else
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -79,6 +82,16 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def stats(self) -> EngineStats:
         """Current load, taken from the engine itself."""
+
+    async def load_adapter(self, adapter: Adapter) -> None:
+        """Load a LoRA adapter the worker's registry accepted (`intake/adapters.py`);
+        `request.adapter` then names it. Raises InvalidArgument (`path`) for weights the
+        engine refuses. Only engines with `serves_adapters` are asked."""
+        raise FailedPrecondition(f"the {self.name} engine serves no LoRA adapters")
+
+    async def unload_adapter(self, adapter: Adapter) -> None:
+        """Drop an adapter no generation uses any more."""
+        return None
 
     def check(self, request: GenerationRequest) -> None:
         """Refuse, with `errors.InvalidArgument` naming the field, what the engine cannot

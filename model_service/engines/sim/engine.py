@@ -28,6 +28,7 @@ from model_service.engines.sim.text import (
 )
 from model_service.errors import EngineError
 from model_service.types import (
+    Adapter,
     EngineOutput,
     EngineStats,
     FinishReason,
@@ -52,6 +53,7 @@ class SimEngine(Engine):
     """Simulated continuous-batching engine (see module docstring)."""
 
     name = "sim"
+    serves_adapters = True  # an adapter changes the sampler's seed (`_sampler`)
 
     def __init__(self, config) -> None:  # type: ignore[no-untyped-def]
         super().__init__(config)
@@ -197,6 +199,9 @@ class SimEngine(Engine):
             if not fut.done():  # a sequence cancelled while waiting cancels its own future
                 fut.set_result(None)
 
+    async def load_adapter(self, adapter: Adapter) -> None:
+        return None  # the sim has no weights: an adapter is its name (`_sampler`)
+
     def _sampler(self, request: GenerationRequest, prompt_ids: list[int]) -> Lcg:
         sp = request.sampling
         if sp.temperature == 0:
@@ -205,6 +210,8 @@ class SimEngine(Engine):
             key = f"{prompt_ids!r}/{sp.seed}/{sp.temperature}/{sp.top_p}/{sp.top_k}"
         else:
             return Lcg(int.from_bytes(os.urandom(8)))
+        if request.adapter is not None:  # another answer, as deterministic as the base's
+            key = f"{key}/lora:{request.adapter.name}"
         return Lcg(int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest()))
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:

@@ -19,6 +19,7 @@ from model_service.engines.base import Engine
 from model_service.engines.vllm.stats import StatsCollector
 from model_service.errors import EngineDead, EngineError, InvalidArgument, Overloaded, Unavailable
 from model_service.types import (
+    Adapter,
     ChatMessage,
     EngineOutput,
     EngineStats,
@@ -51,6 +52,7 @@ class VllmEngine(Engine):
     """`Engine` over vLLM's `AsyncLLM` (see module docstring)."""
 
     name = "vllm"
+    serves_adapters = True  # with --max-loras: vLLM's LoRA support (`args.py`)
 
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)
@@ -162,6 +164,7 @@ class VllmEngine(Engine):
             tokens_input(ids),
             self._sampling_params(request),
             request.request_id,
+            lora_request=_lora_request(request.adapter),
             trace_headers=request.trace_headers,  # vLLM's own spans join the caller's trace
             priority=request.priority,  # 0 high .. 2 low: lower goes first
         )
@@ -200,6 +203,19 @@ class VllmEngine(Engine):
             raise EngineDead("the vLLM engine died") from exc
         finally:
             await outputs.aclose()  # aborts the request in vLLM unless it finished
+
+    async def load_adapter(self, adapter: Adapter) -> None:
+        if self._llm is None:
+            raise Unavailable("engine is not ready yet")
+        try:
+            await self._llm.add_lora(_lora_request(adapter))
+        except Exception as exc:  # vLLM's worker error, re-raised as a bare Exception
+            reason = str(exc).split("Worker failed with error ", 1)[-1]
+            raise InvalidArgument("path", f"vLLM cannot load {adapter.path!r}: {reason}") from None
+
+    async def unload_adapter(self, adapter: Adapter) -> None:
+        if self._llm is not None:
+            await self._llm.remove_lora(adapter.id)
 
     def check(self, request: GenerationRequest) -> None:
         """vLLM's own checks of the parameters, constraint included, before acceptance."""
@@ -326,6 +342,15 @@ def _json_or_text(text: str) -> Any:
 
 
 STRUCTURED_WORDS = ("structured", "grammar", "schema", "regex", "choice", "json", "xgrammar")
+
+
+def _lora_request(adapter: Adapter | None) -> Any:
+    """vLLM's `LoRARequest` for an adapter (None: the base model)."""
+    if adapter is None:
+        return None
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest(adapter.name, adapter.id, adapter.path)
 
 
 def _invalid(exc: Exception, request: GenerationRequest | None) -> InvalidArgument:
