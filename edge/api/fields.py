@@ -1,7 +1,8 @@
-"""Every request field the OpenAI endpoints know, in one table: served, ignored on purpose,
-or refused by name (set to anything but its "off" value). The parsers check a body against
-it first (a field in no table is a 400 naming it); README's field list is written from it
-(`python -m edge.api.fields`; a test keeps the two equal)."""
+"""Every request field the OpenAI endpoints and Anthropic's Messages API know, in one table
+each: served, ignored on purpose, or refused by name (set to anything but its "off" value).
+The parsers check a body against it first (a field in no table is a 400 naming it);
+README's field list is written from it (`python -m edge.api.fields`; a test keeps the two
+equal)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import orjson
 
 from edge.errors import invalid
 
-Endpoint = Literal["chat", "completion", "responses"]
+Endpoint = Literal["chat", "completion", "responses", "messages"]
 Disposition = Literal["served", "ignored", "refused"]
 
 
@@ -181,10 +182,44 @@ for _name in ("structured_outputs", "guided_json", "guided_regex", "guided_choic
     RESPONSES.pop(_name)
 RESPONSES.pop("guided_grammar")
 
+# Anthropic's Messages API (`/v1/messages`, and `/v1/messages/count_tokens` by the same table).
+MESSAGES: dict[str, Field] = {
+    "model": served("empty picks the only model"),
+    "messages": served(
+        "user and assistant turns: text, tool_use and tool_result blocks; thinking blocks are"
+        " checked and left out of the prompt"
+    ),
+    "system": served("a string or text blocks: a system message first"),
+    "max_tokens": served("required"),
+    "stop_sequences": served("up to 16 strings"),
+    "temperature": served(),
+    "top_p": served(),
+    "top_k": served(),
+    "stream": served(),
+    "metadata": served("`user_id`: the session key for affinity"),
+    "tools": served("custom tools: name, description, input_schema"),
+    "tool_choice": served(
+        "auto (needs a tool-call parser), any, tool (by name), none; disable_parallel_tool_use"
+    ),
+    "thinking": ignored("a worker with --reasoning-parser answers with thinking blocks"),
+    "service_tier": ignored("Anthropic's capacity tiers; classes come from X-Sluice-Priority"),
+    "output_config": served("`format` (json_schema) as a constraint; `effort` ignored"),
+    "cache_control": ignored("the workers' prefix caches need no markers"),
+    "inference_geo": ignored("one region"),
+    "speed": ignored("one speed"),
+    "diagnostics": ignored("no prompt-cache diagnostics"),
+    "user_profile_id": ignored("keys name the caller"),
+    "workspace_id": ignored("keys name the caller"),
+    "container": refused("no code execution containers"),
+    "mcp_servers": refused("no MCP connector", []),
+    "context_management": refused("no context editing"),
+}
+
 TABLES: dict[Endpoint, dict[str, Field]] = {
     "chat": CHAT,
     "completion": COMPLETION,
     "responses": RESPONSES,
+    "messages": MESSAGES,
 }
 
 
@@ -202,7 +237,7 @@ def check(endpoint: Endpoint, body: dict[str, Any]) -> None:
 
 
 _TITLES = {"chat": "/v1/chat/completions", "completion": "/v1/completions",
-           "responses": "/v1/responses"}  # fmt: skip
+           "responses": "/v1/responses", "messages": "/v1/messages"}  # fmt: skip
 BEGIN, END = "<!-- fields:begin -->", "<!-- fields:end -->"
 
 

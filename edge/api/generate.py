@@ -17,6 +17,8 @@ from starlette.responses import Response
 
 from edge.api import affinity, priority
 from edge.api.formats import ChatFormat, make_format
+from edge.api.message_events import MessagesFormat
+from edge.api.messages import parse_messages
 from edge.api.pages import ORJSONResponse
 from edge.api.responses import ResponsesFormat, parse_responses
 from edge.api.schema import (
@@ -52,7 +54,14 @@ TIMEOUT_HEADER = "x-request-timeout"  # seconds: the client's own deadline for t
 OPENAI_READ_TIMEOUT_HEADER = "x-stainless-read-timeout"
 _STAMPED_ID = re.compile(r"[0-9a-f]{32}")
 _BROWSER = GenRequest(kind="chat", include_usage=True)  # what stream links render
-_PARSERS = {"chat": parse_chat, "completion": parse_completion, "responses": parse_responses}
+_PARSERS = {
+    "chat": parse_chat,
+    "completion": parse_completion,
+    "responses": parse_responses,
+    "messages": parse_messages,
+}
+# Formats whose events depend on all before them: a resume replays their one generation.
+_REPLAYED = frozenset({"responses", "messages"})
 
 
 def new_request_id() -> str:
@@ -148,6 +157,8 @@ def _format(kind: Kind, request_id: str, model: str, req: GenRequest) -> Format:
     created = created_at(request_id)
     if kind == "responses":
         return ResponsesFormat(request_id, model, created, req.echo)
+    if kind == "messages":
+        return MessagesFormat(request_id, model)
     fmt = make_format(kind, request_id, model, created, req.include_usage, req.n)
     fmt.continuous_usage = req.continuous_usage
     fmt.token_ids = req.return_token_ids
@@ -179,9 +190,9 @@ async def _failover(
     start = p.start
     start.detach_grace_ms = int(detach_grace_s * 1000)
     start.stamp_times = stamps
-    # A Responses stream's events depend on all before them: it resumes by replaying its
-    # one generation, so it is never continued as a second one elsewhere.
-    continuable = req.kind != "responses"
+    # A Responses or Messages stream's events depend on all before them: it resumes by
+    # replaying its one generation, so it is never continued as a second one elsewhere.
+    continuable = req.kind not in _REPLAYED
     route = Route(req.model, p.key, prompt)
     open_call = open_session_call if state.config.routing.upstream == "session" else GenerateCall
     return FailoverCall(
@@ -197,7 +208,7 @@ async def _failover(
 
 
 async def generate(state: EdgeState, request: Request, kind: Kind) -> Response | GenerationResponse:
-    """POST /v1/chat/completions and /v1/completions."""
+    """POST /v1/chat/completions, /v1/completions, /v1/responses and /v1/messages."""
     cfg = state.config.stream
     p = await _prepare(state, request, kind)
     last_event_id = request.headers.get(LAST_EVENT_ID)
@@ -237,7 +248,7 @@ async def generate(state: EdgeState, request: Request, kind: Kind) -> Response |
         or bool(req.tools)
         or req.continuous_usage
         or req.return_token_ids
-        or kind == "responses",
+        or kind in _REPLAYED,
     )
     return GenerationResponse(job)
 

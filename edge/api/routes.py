@@ -27,10 +27,12 @@ GENERATION_ROUTES: dict[str, tuple[frozenset[str], Endpoint]] = {
     "/v1/chat/completions": (POST, lambda s, r: generate.generate(s, r, "chat")),
     "/v1/completions": (POST, lambda s, r: generate.generate(s, r, "completion")),
     "/v1/responses": (POST, lambda s, r: generate.generate(s, r, "responses")),
+    "/v1/messages": (POST, lambda s, r: generate.generate(s, r, "messages")),  # Anthropic's
     "/v1/streams": (POST, generate.create_stream),
     # vLLM's render endpoints (token ids only): token-aware routers in front of edges.
     "/v1/chat/completions/render": (POST, lambda s, r: render.render(s, r, "chat")),
     "/v1/completions/render": (POST, lambda s, r: render.render(s, r, "completion")),
+    "/v1/messages/count_tokens": (POST, render.count_tokens),
 }
 PAGE_ROUTES = [
     Route("/", pages.chat_page, methods=["GET"]),
