@@ -89,7 +89,7 @@ _SAMPLING: dict[str, Field] = {
     "return_token_offsets": refused("not in the contract", False),
     "logprob_token_ids": refused("not in the contract", []),
     "repetition_detection": refused("not in the contract"),
-    "thinking_token_budget": refused("no reasoning models served"),
+    "thinking_token_budget": refused("not in the contract"),
     "vllm_xargs": refused("not in the contract", {}),
     "watermarking": refused("not in the contract"),
     "kv_transfer_params": refused("no disaggregated prefill"),
@@ -101,8 +101,8 @@ _SAMPLING: dict[str, Field] = {
     # at their off values.
     "no_stop_trim": refused("SGLang's; the stop string is always trimmed", False),
     "return_hidden_states": refused("SGLang's; not in the contract", False),
-    "separate_reasoning": ignored("SGLang's; no reasoning models served"),
-    "stream_reasoning": ignored("SGLang's; no reasoning models served"),
+    "separate_reasoning": ignored("SGLang's; a worker's --reasoning-parser always separates it"),
+    "stream_reasoning": ignored("SGLang's; thinking streams as it comes"),
 }
 
 CHAT: dict[str, Field] = {
@@ -115,8 +115,8 @@ CHAT: dict[str, Field] = {
     "tools": served("function tools"),
     "tool_choice": served("none, auto (needs a tool-call parser), required, a named function"),
     "parallel_tool_calls": served(),
-    "reasoning_effort": ignored("no reasoning models served"),
-    "include_reasoning": ignored("no reasoning models served"),
+    "reasoning_effort": ignored("the model thinks as it does"),
+    "include_reasoning": ignored("`reasoning_content` with a worker's --reasoning-parser"),
     "verbosity": ignored("OpenAI's hint for its own models"),
     "echo": served("vLLM's: the final message before the reply, when it is the reply's role"),
     "add_generation_prompt": served("vLLM's; false: the reply's role is the final message's"),
@@ -166,7 +166,7 @@ RESPONSES: dict[str, Field] = {
     "conversation": refused("this server keeps no conversations"),
     "background": refused("use a stream link (POST /v1/streams)", False),
     "prompt": refused("no stored prompts"),
-    "reasoning": ignored("no reasoning models served (accepted as OpenAI's clients send it)"),
+    "reasoning": ignored("reasoning items come with a worker's --reasoning-parser"),
     "include": refused("not yet (issue 24, #3)", []),
     "max_tool_calls": refused("not in the contract"),
     "top_logprobs": refused("not yet (issue 24, #3)"),

@@ -236,6 +236,10 @@ class ResponsesFormat:
             ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
             self._ev(out, seq, "response.output_text.done", **ids, text=part["text"], logprobs=[])
             self._ev(out, seq, "response.content_part.done", **ids, part=part)
+        elif item["type"] == "reasoning":
+            ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
+            text = item["content"][0]["text"]
+            self._ev(out, seq, "response.reasoning_text.done", **ids, text=text)
         else:
             args = item["arguments"]
             ids = {"item_id": item["id"], "output_index": index}
@@ -247,7 +251,7 @@ class ResponsesFormat:
         self._items.append(item)
         self._open = True
         index = len(self._items) - 1
-        added = {**item, "content": []} if item["type"] == "message" else item
+        added = {**item, "content": []} if item["type"] in ("message", "reasoning") else item
         self._ev(out, seq, "response.output_item.added", output_index=index, item=added)
         if item["type"] == "message":
             part = {"type": "output_text", "text": "", "annotations": []}
@@ -257,8 +261,23 @@ class ResponsesFormat:
     def delta(self, text: str, logprobs: Any) -> bytes:
         raise NotImplementedError("Responses streams are rendered through `events`")
 
+    def _reasoning(self, out: list[Event], seq: int, text: str) -> None:
+        """The model's thinking: a `reasoning` item (its text as `reasoning_text`)."""
+        item = self._items[-1] if self._open else None
+        if item is None or item["type"] != "reasoning":
+            n = sum(1 for i in self._items if i["type"] == "reasoning")
+            self._add(out, seq, {"id": f"rs_{self._rid}_{n}", "type": "reasoning", "summary": [],
+                                 "content": [{"type": "reasoning_text", "text": ""}],
+                                 "status": "in_progress"})  # fmt: skip
+            item = self._items[-1]
+        item["content"][0]["text"] += text
+        ids = {"item_id": item["id"], "output_index": len(self._items) - 1, "content_index": 0}
+        self._ev(out, seq, "response.reasoning_text.delta", **ids, delta=text)
+
     def events(self, chunk: pb.TokenChunk, logprobs: Any, seq: int) -> list[Event]:
         out: list[Event] = []
+        if chunk.reasoning:
+            self._reasoning(out, seq, chunk.reasoning)
         if chunk.text:
             item = self._items[-1] if self._open else None
             if item is None or item["type"] != "message":

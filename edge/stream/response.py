@@ -169,7 +169,7 @@ class GenerationResponse:
     async def _token_event(self, send: Send, msg: pb.GenerateResponse, rx_ns: int) -> None:
         job, chunk = self.job, msg.chunk
         lps = self.fmt.logprobs(chunk) if job.logprobs else None
-        if job.rich:
+        if job.rich or chunk.reasoning:  # thinking (a worker's reasoning parser) is rich
             data = self._frame(self.fmt.events(chunk, lps, self._seq), msg.index)
             if not data:
                 return
