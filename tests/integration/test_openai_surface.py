@@ -358,6 +358,17 @@ RESUME_CASES = {
             "tools": [{"type": "function", "name": "get_weather", "parameters": WEATHER_PARAMS}],
         },
     ),
+    # Anthropic's Messages API (its events depend on all before them, as the Responses API's).
+    "messages": ("/v1/messages", {"messages": ASK, "max_tokens": 30}),
+    "messages tool use": (
+        "/v1/messages",
+        {
+            "messages": ASK,
+            "max_tokens": 200,
+            "tool_choice": {"type": "any"},
+            "tools": [{"name": "get_weather", "input_schema": WEATHER_PARAMS}],
+        },
+    ),
 }
 
 
@@ -395,6 +406,7 @@ def test_a_resume_mid_stream_is_exact(sim: Stack, case: str) -> None:
     assert last["data"] == "[DONE]" or last["event"] in (
         "response.completed",
         "response.incomplete",
+        "message_stop",
     )
 
 
