@@ -196,8 +196,8 @@ class SecurityConfig:
 
 @dataclass(slots=True)
 class StoreConfig:
-    """Where limits and session pins live (`edge.store`): this process, or Redis shared by
-    every process and replica."""
+    """Where limits, session pins and stored responses live (`edge.store`): this process,
+    or Redis shared by every process and replica."""
 
     url: str = option(
         "", "--store-url", "shared store, redis://host:port/db ('': this process only)"
@@ -210,6 +210,20 @@ class StoreConfig:
     )
     timeout_s: float = option(0.25, "--store-timeout", "longest wait for one store operation, s")
     prefix: str = option("sluice", "--store-prefix", "prefix of every key in the shared store")
+    responses_ttl_s: float = option(
+        86400.0, "--responses-ttl", "how long a stored response (store: true) is kept, s"
+    )
+    response_max_bytes: int = option(
+        1 << 20,
+        "--response-max-bytes",
+        "largest stored response (its conversation and output, as JSON); a larger one is "
+        "answered but not kept",
+    )
+    local_max_bytes: int = option(
+        64 << 20,
+        "--store-local-bytes",
+        "stored responses this process keeps when it holds them itself (oldest out first)",
+    )
 
 
 @dataclass(slots=True)

@@ -5,6 +5,7 @@ takes the one send path and no Starlette wrapper."""
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import secrets
@@ -15,7 +16,7 @@ import grpc
 from starlette.requests import Request
 from starlette.responses import Response
 
-from edge.api import affinity, priority
+from edge.api import affinity, priority, stored
 from edge.api.formats import ChatFormat, make_format
 from edge.api.message_events import MessagesFormat
 from edge.api.messages import parse_messages
@@ -88,6 +89,7 @@ class Prepared:
     owner: bytes  # tag of the caller (API key name) bound into event ids and links
     body: bytes  # tag of the request itself (a resume must send the same one)
     start: pb.StartGeneration  # its request id and detach grace set by the endpoint
+    conversation: stored.Conversation | None = None  # a Responses request's, to store
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -132,15 +134,23 @@ async def _prepare(state: EdgeState, request: Request, kind: Kind) -> Prepared:
         raise from_status(grpc.StatusCode.UNAVAILABLE, "this edge is shutting down")
     cfg = state.config
     given = decode_body(await read_body(request, cfg.server.max_body_bytes))
+    rec = record_of(request.scope)
+    conversation = None
+    request_id = new_request_id()
+    if kind == "responses":  # what it continues (`previous_response_id`), what it stores
+        history = []
+        if given.get("previous_response_id") is not None:
+            history = await stored.previous(state, rec.caller or "", given)
+        conversation = stored.Conversation(history, stored.items(given.get("input"), request_id))
+        if history:
+            given = {**given, "input": [*history, *conversation.input]}
     req = _PARSERS[kind](given)
     check_sizes(req, given, cfg.security)
-    rec = record_of(request.scope)
     asked = request.headers.get(priority.HEADER)
     klass, tenant = state.priorities.of(asked, req.service_tier, rec.caller)  # 400/403 here
     reserve = rec.reserve
     if reserve is not None:  # a tokens-per-minute limit: 429 here, before any worker
         await reserve(most_tokens(req))
-    request_id = new_request_id()
     owner = state.codec.tag(rec.caller or "")
     start = req.to_start("")  # the request alone, for its tag; then ours
     body = state.codec.tag(kind.encode() + b"|" + start.SerializeToString(deterministic=True))
@@ -149,7 +159,8 @@ async def _prepare(state: EdgeState, request: Request, kind: Kind) -> Prepared:
     if asked is not None or req.service_tier is not None:  # say which class it got
         rec.headers.append((b"x-sluice-priority", priority.NAMES[start.priority].encode()))
     # The session key comes with the placement (`edge.api.affinity`, in `_failover`).
-    return Prepared(req, "", request_id, trace_id(request, request_id), owner, body, start)
+    trace = trace_id(request, request_id)
+    return Prepared(req, "", request_id, trace, owner, body, start, conversation)
 
 
 def _format(kind: Kind, request_id: str, model: str, req: GenRequest) -> Format:
@@ -250,6 +261,9 @@ async def generate(state: EdgeState, request: Request, kind: Kind) -> Response |
         or req.return_token_ids
         or kind in _REPLAYED,
     )
+    if isinstance(fmt, ResponsesFormat) and req.echo.get("store") and p.conversation:
+        caller = record_of(request.scope).caller or ""
+        job.keep = functools.partial(stored.keep, state, caller, fmt, p.conversation)
     return GenerationResponse(job)
 
 

@@ -1,7 +1,7 @@
 """OpenAI's Responses API (`POST /v1/responses`): the request as a chat generation, the
-response as named SSE events or one `response` object. `previous_response_id` and
-`store: true` are refused by name (no responses are kept); each event depends on all
-before it, so a resume replays from the start (`replay_from_start`)."""
+response as named SSE events or one `response` object (`store: true` keeps it:
+`edge.api.stored`). Each event depends on all before it, so a resume replays from the
+start (`replay_from_start`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from generated import sluice_pb2 as pb
 
 _dumps = orjson.dumps
 _ROLES = frozenset({"system", "developer", "user", "assistant"})
-_ECHO = ("temperature", "top_p", "max_output_tokens", "instructions", "metadata", "user")
+_ECHO = ("temperature", "top_p", "max_output_tokens", "instructions", "metadata", "user",
+         "previous_response_id")  # fmt: skip
 
 
 def _text_of(content: Any, param: str) -> str:
@@ -160,6 +161,10 @@ def parse_responses(body: dict[str, Any]) -> GenRequest:
     req.echo["tool_choice"] = body.get("tool_choice") or "auto"
     req.echo["parallel_tool_calls"] = True if parallel is None else parallel
     req.echo["text"] = body.get("text") or {"format": {"type": "text"}}
+    store = body.get("store")
+    if store is not None and not isinstance(store, bool):
+        raise invalid("store", "'store' must be a boolean")
+    req.echo["store"] = bool(store)  # kept only when asked (OpenAI's default is true)
     return req
 
 
@@ -203,6 +208,7 @@ class ResponsesFormat:
         self._items: list[dict[str, Any]] = []  # output items, the last one may be open
         self._open = False
         self._calls: dict[int, dict[str, Any]] = {}  # call index -> its item
+        self.final: dict[str, Any] | None = None  # the finished response (`store: true`)
 
     # -- events -------------------------------------------------------------------------
 
@@ -310,10 +316,9 @@ class ResponsesFormat:
     def ending(self, final: pb.Final, seq: int) -> list[Event]:
         out: list[Event] = []
         self._close(out, seq)
-        if final.reason == pb.FINISH_REASON_LENGTH:
-            self._ev(out, seq, "response.incomplete", response=self._response("incomplete", final))
-        else:
-            self._ev(out, seq, "response.completed", response=self._response("completed", final))
+        status = "incomplete" if final.reason == pb.FINISH_REASON_LENGTH else "completed"
+        self.final = self._response(status, final)
+        self._ev(out, seq, f"response.{status}", response=self.final)
         return out
 
     # -- whole responses ----------------------------------------------------------------
@@ -327,4 +332,5 @@ class ResponsesFormat:
     def whole(self, final: pb.Final, logprobs: bool) -> dict[str, Any]:
         self._close([], 0)
         status = "incomplete" if final.reason == pb.FINISH_REASON_LENGTH else "completed"
-        return self._response(status, final)
+        self.final = self._response(status, final)
+        return self.final

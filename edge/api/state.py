@@ -20,6 +20,7 @@ from edge.release.windows import FleetWindows
 from edge.routing.fleet import FleetSync
 from edge.routing.pinning import Pinning
 from edge.routing.registry import PoolRegistry
+from edge.store.base import Store
 from edge.stream.ids import ResumeCodec
 
 
@@ -34,6 +35,7 @@ class EdgeState:
     windows: FleetWindows | None = None  # ... and the fleet's canary windows
     shared_metrics: SharedMetrics | None = None  # --processes N: /metrics for them all
     priorities: Priorities = field(default_factory=Priorities)  # the keys' classes
+    store: Store | None = None  # limits, pins and stored responses (set by the bootstrap)
     draining: bool = False
     codec: ResumeCodec = field(init=False)
     detached: DetachedStreams = field(init=False)  # browser streams' held slots

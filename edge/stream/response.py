@@ -201,6 +201,8 @@ class GenerationResponse:
             raise error
         self._note_final(final)
         data = self._frame(self.fmt.ending(final, self._seq), index, final=True)
+        if self.job.keep is not None:
+            await self.job.keep()
         await self._write(send, data, more=False, eid=self._framed_id)
 
     def _frame(
@@ -247,6 +249,8 @@ class GenerationResponse:
                 raise error
             self._note_final(final)
             body = fmt.whole(final, logprobs)
+            if self.job.keep is not None:
+                await self.job.keep()
             await self._send_json(send, 200, orjson.dumps(body))
             await call.settle(STATUS_SETTLE_S)
             return
