@@ -90,3 +90,21 @@ def test_another_key_sees_nothing_and_delete_forgets(edges: list[str]) -> None:
         one.responses.retrieve(kept.id)
     with pytest.raises(openai.NotFoundError):
         one.responses.delete(kept.id)
+
+
+def test_bad_input_on_the_stored_routes_is_a_4xx_naming_it(edges: list[str]) -> None:
+    one = _client(edges[0])
+    kept = one.responses.create(**GREEDY, input="Hi", store=True)
+    for query, param in [("limit=0", "limit"), ("limit=x", "limit"), ("order=up", "order"),
+                         ("after=nope", "after")]:  # fmt: skip
+        with pytest.raises(openai.BadRequestError) as info:
+            one.get(f"/responses/{kept.id}/input_items?{query}", cast_to=object)
+        assert info.value.body["param"] == param  # type: ignore[index]
+    for bad in (7, "", "x" * 200):
+        with pytest.raises(openai.BadRequestError) as info:
+            one.responses.create(**GREEDY, input="Hi", previous_response_id=bad)
+        assert info.value.body["param"] == "previous_response_id"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError):
+        one.responses.create(**GREEDY, input="Hi", extra_body={"store": "yes"})
+    with pytest.raises(openai.NotFoundError):
+        one.get("/responses/resp_nothing/input_items", cast_to=object)
