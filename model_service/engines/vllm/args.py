@@ -83,6 +83,8 @@ def build_engine_args(config: EngineConfig) -> Any:
         # class it is first come, first served, as the default policy is.
         "scheduling_policy": "priority",
     }
+    if config.reasoning_parser:  # structured outputs apply once the thinking has ended
+        kwargs["reasoning_parser"] = config.reasoning_parser
     if opts.otlp_traces_endpoint:  # tracing on: vLLM exports its request spans there too
         kwargs["otlp_traces_endpoint"] = opts.otlp_traces_endpoint
     if opts.kv_cache_space_gb is not None:
