@@ -137,9 +137,11 @@ async def _prepare(state: EdgeState, request: Request, kind: Kind) -> Prepared:
     rec = record_of(request.scope)
     conversation = None
     request_id = new_request_id()
-    if kind == "responses":  # what it continues (`previous_response_id`), what it stores
+    continues = kind == "responses" and given.get("previous_response_id") is not None
+    if continues or (kind == "responses" and given.get("store") is True):
+        # What it continues (`previous_response_id`), what it will store.
         history = []
-        if given.get("previous_response_id") is not None:
+        if continues:
             history = await stored.previous(state, rec.caller or "", given)
         conversation = stored.Conversation(history, stored.items(given.get("input"), request_id))
         if history:

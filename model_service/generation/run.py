@@ -204,12 +204,17 @@ class Generation:
         calls: list[ToolCallDelta] | None,
         end: pb.ChoiceEnd | None,
     ) -> None:
-        """`_append_tokens` for the other shapes (n > 1, tool calls, usage in chunks):
-        plain text still merges into the newest chunk of the same choice."""
+        """`_append_tokens` for the other shapes (n > 1, tool calls, usage in chunks,
+        thinking): plain text or thinking still merges into the newest chunk of the same
+        choice (thinking only while that holds no text: a chunk's thinking comes first)."""
         usage = self.request.stream_usage
-        # Thinking never merges: a chunk's thinking comes before its text.
-        if not out.logprobs and not calls and end is None and not out.reasoning:
-            chunk = self.log.merge_choice(out.text, out.token_ids, choice)
+        if not out.logprobs and not calls and end is None:
+            if not out.reasoning:
+                chunk = self.log.merge_choice(out.text, out.token_ids, choice)
+            elif not out.text:  # thinking alone; thinking after text starts a new chunk
+                chunk = self.log.merge_reasoning(out.reasoning, out.token_ids, choice)
+            else:
+                chunk = None
             if chunk is not None:
                 if usage:
                     chunk.usage.completion_tokens = self._completion_tokens
