@@ -83,8 +83,9 @@ class SimEngine(Engine):
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        if self.config.reasoning_parser:
-            self._reasoning = reasoning.parser_class(self.config.reasoning_parser)
+        if self.config.reasoning_parser:  # imports vLLM (seconds): off the event loop
+            name = self.config.reasoning_parser
+            self._reasoning = await asyncio.to_thread(reasoning.parser_class, name)
         if self._opts.startup_s > 0:
             await asyncio.sleep(self._opts.startup_s)
         self._started = True
