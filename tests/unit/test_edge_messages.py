@@ -134,3 +134,29 @@ def test_errors_answer_in_the_dialect_of_their_path() -> None:
     assert kinds == {400: "invalid_request_error", 401: "authentication_error",
                      403: "permission_error", 404: "not_found_error", 413: "request_too_large",
                      502: "api_error", 503: "overloaded_error", 504: "timeout_error"}  # fmt: skip
+
+
+async def test_middleware_errors_take_the_shape_of_the_path_they_answer() -> None:
+    """What auth and limits answer with (one writer): Anthropic's body under /v1/messages,
+    OpenAI's elsewhere, headers (Retry-After) alike."""
+    from edge.errors import error_response
+
+    err = ApiError(429, "Rate limit reached", type="rate_limit_error", code="rate_limit_exceeded",
+                   retryable=True, retry_after_s=2.0)  # fmt: skip
+    for path, body in [
+        ("/v1/messages/count_tokens",
+         {"type": "error", "error": {"type": "rate_limit_error", "message": "Rate limit reached"}}),
+        ("/v1/chat/completions", err.body()),
+    ]:  # fmt: skip
+        sent: list[dict[str, Any]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)  # noqa: B023 (awaited within this iteration)
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request"}
+
+        scope = {"type": "http", "path": path, "method": "POST", "headers": []}
+        await error_response(err)(scope, receive, send)  # type: ignore[arg-type]
+        assert sent[0]["status"] == 429 and (b"retry-after", b"2") in sent[0]["headers"]
+        assert orjson.loads(sent[1]["body"]) == body
