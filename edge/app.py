@@ -100,7 +100,9 @@ def shared_store(config: EdgeConfig) -> Guarded | None:
     s = config.store
     if not s.url:
         return None
-    local = MemoryStore(config.session.ttl_s, config.session.store_max)
+    local = MemoryStore(
+        config.session.ttl_s, config.session.store_max, max_doc_bytes=s.local_max_bytes
+    )
     return Guarded(RedisStore(s.url, s.timeout_s, s.prefix), local, s.failure == "open")
 
 
@@ -111,7 +113,10 @@ def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
     factory = channels(config)
     tracing.setup(config.server.otlp_endpoint)  # off unless an OTLP endpoint is set
     shared = shared_store(config)
-    limits_store: Store = shared or MemoryStore(config.session.ttl_s, 1)
+    limits_store: Store = shared or MemoryStore(
+        config.session.ttl_s, 1, max_doc_bytes=config.store.local_max_bytes
+    )
+    state.store = limits_store  # stored responses too
     s = config.store
     ledger: Ledger = RedisLedger(s.url, s.timeout_s, s.prefix) if s.url else MemoryLedger()
     state.ledger = ledger

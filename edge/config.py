@@ -10,11 +10,11 @@ import dataclasses
 import hashlib
 import json
 import os
-import re
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+from edge.checks import check
 from sluice_common.options import add_section, option, section_from
 
 ENV_VAR = "SLUICE_EDGE_CONFIG"
@@ -24,7 +24,6 @@ CONTINUE_MODES = ("never", "sampled", "always")
 # How a worker is chosen within a pool for a request without a session key
 # (`edge.routing.scores`); a pool may set its own (`policy` in the pools file).
 POLICIES = ("session", "cache_aware", "least_load", "random")
-NAME_RE = r"[A-Za-z0-9_.@+-]{1,64}"  # a key's or tenant's name
 
 
 @dataclass(slots=True)
@@ -222,8 +221,8 @@ class SecurityConfig:
 
 @dataclass(slots=True)
 class StoreConfig:
-    """Where limits and session pins live (`edge.store`): this process, or Redis shared by
-    every process and replica."""
+    """Where limits, session pins and stored responses live (`edge.store`): this process,
+    or Redis shared by every process and replica."""
 
     url: str = option(
         "", "--store-url", "shared store, redis://host:port/db ('': this process only)"
@@ -236,6 +235,20 @@ class StoreConfig:
     )
     timeout_s: float = option(0.25, "--store-timeout", "longest wait for one store operation, s")
     prefix: str = option("sluice", "--store-prefix", "prefix of every key in the shared store")
+    responses_ttl_s: float = option(
+        86400.0, "--responses-ttl", "how long a stored response (store: true) is kept, s"
+    )
+    response_max_bytes: int = option(
+        1 << 20,
+        "--response-max-bytes",
+        "largest stored response (its conversation and output, as JSON); a larger one is "
+        "answered but not kept",
+    )
+    local_max_bytes: int = option(
+        64 << 20,
+        "--store-local-bytes",
+        "stored responses this process keeps when it holds them itself (oldest out first)",
+    )
 
 
 @dataclass(slots=True)
@@ -328,63 +341,6 @@ def config_from_args(args: argparse.Namespace) -> EdgeConfig:
     config.routing.admin_key = config.routing.admin_key or os.environ.get(ADMIN_KEY_ENV, "")
     config.stream.resume_secret = resume_secret(config.stream.resume_secret_file)
     return config
-
-
-def check(config: EdgeConfig) -> None:
-    """Values that cannot work, refused at the command line rather than at first use."""
-    s, r, sec = config.stream, config.routing, config.security
-    if s.heartbeat_s <= 0 or s.request_timeout_s <= 0 or config.server.processes < 1:
-        raise SystemExit("--heartbeat and --request-timeout must be positive, --processes >= 1")
-    if r.max_tries < 1 or r.retry_budget_s < 0 or r.max_fails < 0:
-        raise SystemExit("--max-tries must be at least 1, --retry-budget/--max-fails >= 0")
-    if r.load_interval_s < 0 or r.prefix_block_chars < 1 or r.prefix_index_blocks < 1:
-        raise SystemExit("--load-interval >= 0, --prefix-block-chars/--prefix-index-blocks >= 1")
-    if min(sec.rate_limit_rps, sec.rate_limit_burst, sec.max_streams_per_key, sec.tpm_limit) < 0:
-        raise SystemExit("limits must be >= 0")
-    if min(sec.max_prompt_chars, sec.max_tools_chars, sec.max_arguments_chars) < 0:
-        raise SystemExit("--max-prompt-chars, --max-tools-chars, --max-arguments-chars >= 0")
-    for entry in r.loras:
-        name, sep, path = entry.partition("=")
-        if not sep or not name or not path:
-            raise SystemExit(f"--lora {entry!r}: expected NAME=PATH")
-    if sec.max_tools < 1:
-        raise SystemExit("--max-tools must be at least 1")
-    for entry in sec.key_priorities:
-        name, _, cls = entry.partition("=")
-        if not name or cls.lower() not in ("high", "normal", "low"):
-            raise SystemExit(f"--key-priority {entry!r}: expected NAME=high|normal|low")
-    _check_tenancy(config)
-    if config.store.url and not config.store.url.startswith(("redis://", "rediss://", "unix://")):
-        raise SystemExit("--store-url must be redis://, rediss:// or unix://")
-    if config.store.timeout_s <= 0:
-        raise SystemExit("--store-timeout must be positive")
-    if config.session.ttl_s <= 0 or config.session.store_max < 1:
-        raise SystemExit("--session-ttl must be positive, --session-store-max at least 1")
-    if config.session.samesite == "none" and not config.session.secure:
-        raise SystemExit("--session-cookie-samesite none needs --session-cookie-secure")
-
-
-def _check_tenancy(config: EdgeConfig) -> None:
-    """Budgets, tenants and the audit log's settings (their parsers live with them; the
-    shapes are checked here, before anything starts)."""
-    for entry in config.security.key_budgets:
-        name, _, rest = entry.partition("=")
-        amount, _, period = rest.partition("/")
-        if not name or not amount.isdigit() or int(amount) < 1 or period not in ("day", "month"):
-            raise SystemExit(f"--key-budget {entry!r}: expected NAME=TOKENS/day or /month")
-    for entry in config.security.key_tenants:
-        name, _, tenant = entry.partition("=")
-        if not re.fullmatch(NAME_RE, name) or not re.fullmatch(NAME_RE, tenant):
-            raise SystemExit(f"--key-tenant {entry!r}: expected NAME=TENANT ({NAME_RE})")
-    a = config.audit
-    if a.max_bytes < 1024 or a.backups < 0 or a.queue < 1:
-        raise SystemExit("--audit-max-bytes >= 1024, --audit-backups >= 0, --audit-queue >= 1")
-    for rule in a.redact:
-        if not rule.startswith("/"):
-            try:
-                re.compile(rule)
-            except re.error as exc:
-                raise SystemExit(f"--audit-redact {rule!r}: not a regex ({exc})") from None
 
 
 def resume_secret(path: str) -> str:

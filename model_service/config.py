@@ -51,6 +51,12 @@ class SimOptions:
         action=BOOL,
     )
     block_tokens: int = option(16, "--sim-block-size", "prefix cache block, tokens")
+    answer: str = option(
+        "",
+        "--sim-answer",
+        "sim: answer every generation with this text (words, spaces, marks and <tags> as "
+        "tokens) instead of sampling, e.g. a thinking model's '<think> ... </think> ...'",
+    )
     prefill_tokens_per_s: float = option(
         0.0,
         "--sim-prefill-rate",
@@ -167,6 +173,12 @@ class EngineConfig:
     )
     max_lora_rank: int = option(
         16, "--max-lora-rank", "highest LoRA rank an adapter may have", choices=LORA_RANKS
+    )
+    reasoning_parser: str = option(
+        "",
+        "--reasoning-parser",
+        "vLLM reasoning parser splitting the model's thinking from its answer (chunks' "
+        "`reasoning`), e.g. deepseek_r1, qwen3 (default: none, all output is the answer)",
     )
     sim: SimOptions = field(default_factory=SimOptions)
     vllm: VllmOptions = field(default_factory=VllmOptions)

@@ -97,6 +97,9 @@ class WorkerCore:
                 detach_grace_s=self._detach_grace(start),
             )
             gen.parsers = parsers
+            if (reasoner := self.engine.reasoner()) is not None:
+                n = req.sampling.n
+                gen.reasoners = [reasoner, *(self.engine.reasoner() for _ in range(n - 1))]
             gen.ticket = ticket
             ticket.displace = gen.cancel
             gen.stamp = start.stamp_times

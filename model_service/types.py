@@ -180,6 +180,8 @@ class EngineOutput:
     logprobs: list[TokenLogprob] | None = None
     # Engine clock (time.monotonic()) when prefill started, if the engine knows.
     scheduled_at: float | None = None
+    # The model's thinking in this delta, split from `text` by a reasoning parser.
+    reasoning: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ from edge.routing.adapters import AdapterRouting
 from edge.routing.fleet import FleetSync
 from edge.routing.pinning import Pinning
 from edge.routing.registry import PoolRegistry
+from edge.store.base import Store
 from edge.store.usage import Ledger
 from edge.stream.ids import ResumeCodec
 
@@ -38,6 +39,7 @@ class EdgeState:
     shared_metrics: SharedMetrics | None = None  # --processes N: /metrics for them all
     priorities: Priorities = field(default_factory=Priorities)  # the keys' classes
     ledger: Ledger | None = None  # usage per key, tenant, model and day (/admin/usage)
+    store: Store | None = None  # limits, pins and stored responses (set by the bootstrap)
     draining: bool = False
     codec: ResumeCodec = field(init=False)
     detached: DetachedStreams = field(init=False)  # browser streams' held slots

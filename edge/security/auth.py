@@ -157,12 +157,16 @@ def classify(method: str, path: str) -> str:
 
 
 def bearer(scope: Scope) -> str:
-    """The token of an `Authorization: Bearer ...` header, or ""."""
+    """The token of an `Authorization: Bearer ...` header, else of `X-Api-Key` (how
+    Anthropic's clients send a key), or ""."""
+    api_key = ""
     for name, value in scope.get("headers", ()):
         if name == b"authorization":
             scheme, _, token = value.decode("latin-1").strip().partition(" ")
             return token.strip() if scheme.lower() == "bearer" else ""
-    return ""
+        if name == b"x-api-key":
+            api_key = value.decode("latin-1").strip()
+    return api_key
 
 
 def unauthorized(message: str) -> ApiError:
@@ -222,7 +226,7 @@ class AuthMiddleware:
         if not token:
             return unauthorized(
                 "You didn't provide an API key. Send it in an Authorization header "
-                "(Authorization: Bearer YOUR_KEY)."
+                "(Authorization: Bearer YOUR_KEY) or an X-Api-Key header."
             )
         name = self.keys.identify(token)
         if name is None:

@@ -24,7 +24,7 @@ from edge.store.memory import TokenBucket
 __all__ = ["LimitsMiddleware", "TokenBucket", "rate_limited"]
 
 GENERATION_PATHS = frozenset(
-    {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/streams"}
+    {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/streams"}
 )
 CONCURRENCY_RETRY_S = 1.0  # no way to know when a stream ends: a plain hint
 # A stream slot's lease in the store lapses this long after its holder stops renewing
@@ -35,8 +35,8 @@ LEASE_TTL_S = 30.0
 @dataclass(slots=True)
 class Limits:
     """The per-key limits (0: off). `max_streams` counts generations (chat, completions,
-    responses, streamed or not; a browser stream's `POST /v1/streams` holds its slot while
-    its detached generation may run). A generation whose usage is unknown at its end (the
+    responses, messages, streamed or not; a browser stream's `POST /v1/streams` holds its
+    slot while its detached generation may run). A generation whose usage is unknown at its end (the
     client left, a detached stream) keeps its `tpm` reservation."""
 
     rate: float = 0.0

@@ -3,6 +3,7 @@ rendered with (`edge.api.formats` implements it), and how a `final` reads."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -74,6 +75,9 @@ class Job:
     # Token events through `Format.events` (n > 1, tools, usage per chunk, resumes, the
     # Responses API) rather than the plain-text `Format.delta` fast path.
     rich: bool = False
+    # Run once the generation ended well, before its last event (or whole body) goes out:
+    # a stored Responses response is kept there (`edge.api.stored.keep`).
+    keep: Callable[[], Awaitable[None]] | None = None
 
 
 def final_error(final: pb.Final) -> ApiError | None:

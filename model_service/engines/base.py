@@ -1,5 +1,5 @@
-"""The engine interface (and the tool-call parser one an engine may supply): what the
-worker needs from an inference engine. Implementations never see protobuf."""
+"""The engine interface (and the tool-call and reasoning parsers an engine may supply):
+what the worker needs from an inference engine. Implementations never see protobuf."""
 
 from __future__ import annotations
 
@@ -30,6 +30,14 @@ class CallParser(Protocol):
 
     def end(self) -> Delta:
         """What is left once the choice ended (a call completed by the last token)."""
+
+
+class Reasoner(Protocol):
+    """Splits one choice's output into thinking and answer as it streams."""
+
+    def feed(self, text: str, token_ids: list[int]) -> tuple[str, str]:
+        """A delta as (reasoning, content)."""
+        ...
 
 
 # An engine's parser for tool choice `auto` (`Engine.tool_parser`); `ids(i)` names call i.
@@ -104,6 +112,11 @@ class Engine(abc.ABC):
     ) -> CallParser | None:
         """A parser for tool calls in the model's own format (tool choice `auto`), or None
         when the engine has none configured. `ids(i)` names call i."""
+        return None
+
+    def reasoner(self) -> Reasoner | None:
+        """A parser of the model's thinking for one choice (`--reasoning-parser`), or None
+        when the worker has none."""
         return None
 
     async def watch_ready(self, report: Callable[[bool], Awaitable[None]]) -> None:

@@ -93,6 +93,8 @@ def build_engine_args(config: EngineConfig) -> Any:
             max_cpu_loras=config.max_loras,
             max_lora_rank=config.max_lora_rank,
         )
+    if config.reasoning_parser:  # structured outputs apply once the thinking has ended
+        kwargs["reasoning_parser"] = config.reasoning_parser
     if opts.otlp_traces_endpoint:  # tracing on: vLLM exports its request spans there too
         kwargs["otlp_traces_endpoint"] = opts.otlp_traces_endpoint
     if opts.kv_cache_space_gb is not None:

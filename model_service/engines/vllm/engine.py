@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, cast
 
 from model_service.config import EngineConfig
-from model_service.engines import chat_template
-from model_service.engines.base import Engine
+from model_service.engines import chat_template, reasoning
+from model_service.engines.base import Engine, Reasoner
 from model_service.engines.vllm.stats import StatsCollector
 from model_service.errors import EngineDead, EngineError, InvalidArgument, Overloaded, Unavailable
 from model_service.types import (
@@ -61,6 +61,7 @@ class VllmEngine(Engine):
         self._collector = StatsCollector(config.max_num_seqs)
         self._info: ModelInfo | None = None
         self._tokenize_pool = ThreadPoolExecutor(1, thread_name_prefix="sluice-tokenize")
+        self._reasoning: Any = None  # the reasoning parser's class, if one is named
 
     async def start(self) -> None:
         from model_service.engines.vllm.args import build_engine_args, describe
@@ -69,6 +70,8 @@ class VllmEngine(Engine):
             from model_service.engines.vllm.tools import parser_class
 
             parser_class(self.config.vllm.tool_call_parser)
+        if self.config.reasoning_parser:
+            self._reasoning = reasoning.parser_class(self.config.reasoning_parser)
         args = build_engine_args(self.config)
         log.info("starting vLLM: %s", describe(args))
         # Hold the AsyncLLM in no local here: something in vLLM keeps a frame from building the
@@ -235,6 +238,11 @@ class VllmEngine(Engine):
             )
         except (ValueError, VLLMClientError) as exc:
             raise _invalid(exc, request) from exc
+
+    def reasoner(self) -> Reasoner | None:
+        if self._reasoning is None or self._tokenizer is None:
+            return None
+        return reasoning.VllmReasoner(self._reasoning, self._tokenizer)
 
     def tool_parser(self, request: GenerationRequest, ids: Callable[[int], str]) -> Any:
         name = self.config.vllm.tool_call_parser
