@@ -112,7 +112,9 @@ class GenerationResponse:
                 # The server's cancel (drain grace over): a last retryable error (an event,
                 # or a 503 before anything was sent) rather than a cut connection, then go.
                 # An event `take` could not write yet is dropped, as the body's would be.
-                self._drop_flush()
+                if self._flushing is not None:
+                    self._flushing.cancel()
+                    self._flushing = None
                 if not self._complete:
                     await self._fail(send, DRAINING)
                 raise
@@ -121,7 +123,8 @@ class GenerationResponse:
         finally:
             rec.worker = self.call.worker.key
             self._running = False
-            self._drop_flush()
+            if self._flushing is not None:
+                self._flushing.cancel()
             watcher.cancel()
             self.call.cancel()  # a no-op once the RPC ended; else the worker aborts now
             metrics.stream_ended()  # before the await: a cancel there must not skip it
@@ -192,11 +195,6 @@ class GenerationResponse:
             self._flushing_id = self._framer.framed_id
         self._last_ns = time.perf_counter_ns()
         self._event_written(msg, rx_ns)
-
-    def _drop_flush(self) -> None:
-        if self._flushing is not None:
-            self._flushing.cancel()
-            self._flushing = None
 
     def _token_bytes(self, msg: pb.GenerateResponse) -> bytes:
         """One chunk's framed event(s); empty when it makes none."""
