@@ -25,6 +25,7 @@ from functools import partial
 from typing import Any
 
 from scripts.bench import plot, report
+from scripts.bench.comparison import comparison
 from scripts.bench.config import BenchConfig
 from scripts.bench.fanout import DriverFactory, run_fanout, run_in_process
 from scripts.bench.grpc_driver import GrpcDriver
@@ -42,10 +43,8 @@ from scripts.bench.stacks import (
     start_vllm_server,
     start_vllm_worker,
 )
-from scripts.bench.stats import median, summarize
+from scripts.bench.stats import summarize
 from scripts.bench.workload import WorkloadConfig
-
-GOALS = {"tokens_per_s_ratio": (">=", 1.0), "ttft_p50_ratio": ("<=", 1.1)}
 
 
 def make_factory(
@@ -272,29 +271,3 @@ def _compare_run(
 ) -> LoadResult:
     pids = {k: p.pid for k, p in stacks.procs.items()}
     return measure(cfg, make_factory(cfg, kind, where, label, False), label, pids)
-
-
-def comparison(runs: list[dict[str, Any]], a: str, b: str) -> dict[str, Any]:
-    """A/B ratios per round (medians), A's and B's medians, and the goals met or not."""
-    ra = [r for r in runs if r["label"].rsplit(" #", 1)[0] == a]
-    rb = [r for r in runs if r["label"].rsplit(" #", 1)[0] == b]
-    out: dict[str, Any] = {"A": a, "B": b, "rounds": min(len(ra), len(rb))}
-    metrics = {
-        "tokens_per_s": lambda r: r["tokens_per_s"],
-        "ttft_p50": lambda r: r["ttft_ms"].get("p50"),
-        "ttft_p99": lambda r: r["ttft_ms"].get("p99"),
-        "itl_p50": lambda r: r["itl_ms"].get("p50"),
-        "e2e_p50": lambda r: r["e2e_ms"].get("p50"),
-    }
-    for name, get in metrics.items():
-        va, vb = [get(r) for r in ra], [get(r) for r in rb]
-        out[f"A.{name}"], out[f"B.{name}"] = median(va), median(vb)
-        ratios = [x / y for x, y in zip(va, vb, strict=False) if x is not None and y]
-        out[f"{name}_ratio"] = median(ratios)
-    for name, (op, goal) in GOALS.items():
-        value = out.get(name)
-        if value is not None:
-            out[f"goal {name} {op} {goal}"] = (
-                "met" if (value >= goal if op == ">=" else value <= goal) else "not met"
-            )
-    return out
