@@ -24,7 +24,9 @@ from scripts.bench.stacks import Proc, free_port, models_ready, spawn, wait_read
 # With one backend a policy has nothing to choose; round_robin is the cheapest (cache_aware,
 # the routers' default, keeps a prefix tree per request). `extra` may override it.
 ROUTER_DEFAULT_ARGS = ("--policy", "round_robin")
-SMG_DEFAULT_ARGS = ("--policy", "round_robin")
+# SMG also logs two lines per request at its default level (info); the edge and vllm-router
+# log none, so it runs at warn: its CPU is proxying, not logging.
+SMG_DEFAULT_ARGS = ("--policy", "round_robin", "--log-level", "warn")
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
