@@ -92,6 +92,7 @@ class SamplingParams:
     min_p: float = 0.0
     stop_token_ids: tuple[int, ...] = ()
     logit_bias: tuple[tuple[int, float], ...] = ()
+    prompt_logprobs: int | None = None  # top alternatives per prompt token; None = none
 
 
 @dataclass(slots=True)
@@ -149,6 +150,7 @@ class TokenLogprob:
     logprob: float
     top: tuple[TopLogprob, ...] = ()
     text: str = ""
+    rank: int = 0  # among all tokens, 1 = the most likely; 0 = not known
 
 
 @dataclass(slots=True)
@@ -166,6 +168,9 @@ class EngineOutput:
     stop_sequence: str = ""
     cached_prompt_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None
+    # The prompt's, one per prompt token (the first: id and text only), on the first
+    # output of a request that asked for them.
+    prompt_logprobs: list[TokenLogprob] | None = None
     # Engine clock (time.monotonic()) when prefill started, if the engine knows.
     scheduled_at: float | None = None
 

@@ -83,7 +83,9 @@ _SAMPLING: dict[str, Field] = {
     "bad_words": refused("not in the contract", []),
     "truncate_prompt_tokens": refused("a prompt longer than the context is a 400"),
     "truncation_side": refused("prompts are never truncated"),
-    "prompt_logprobs": refused("not yet (issue 24, #9)"),
+    "prompt_logprobs": served(
+        "vLLM's: 0-20 alternatives (-1, the whole vocabulary, refused); whole answers only"
+    ),
     "return_tokens_as_token_ids": refused("logprobs carry token text", False),
     "return_token_offsets": refused("not in the contract", False),
     "logprob_token_ids": refused("not in the contract", []),
@@ -140,7 +142,7 @@ COMPLETION: dict[str, Field] = {
     **_SAMPLING,
     "max_tokens": served("default 16, as OpenAI and vLLM"),
     "logprobs": served("up to 20"),
-    "echo": refused("not yet (issue 24, #2)", False),
+    "echo": served("vLLM's: the prompt before the text (and its logprobs, with `logprobs`)"),
     "suffix": refused("no fill-in-the-middle", ""),
     "prompt_embeds": refused("text prompts only"),
     "add_special_tokens": refused("the tokenizer's default only", True),
@@ -174,6 +176,7 @@ RESPONSES: dict[str, Field] = {
 _TOKEN_IDS = served("vLLM's: `prompt_token_ids` and each choice's `token_ids`")
 CHAT["return_token_ids"] = COMPLETION["return_token_ids"] = _TOKEN_IDS
 RESPONSES["return_token_ids"] = refused("chat and completions only", False)
+RESPONSES["prompt_logprobs"] = refused("chat and completions only")
 # Chat's names that are not the Responses API's: refused as such.
 for _name in ("n", "stop", "stream_options", "response_format", "logprobs"):
     RESPONSES[_name] = refused("not a Responses API parameter")

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from edge.api import affinity, priority
-from edge.api.formats import ChatFormat, make_format
+from edge.api.formats import ChatFormat, CompletionFormat, make_format
 from edge.api.pages import ORJSONResponse
 from edge.api.responses import ResponsesFormat, parse_responses
 from edge.api.schema import (
@@ -151,8 +151,11 @@ def _format(kind: Kind, request_id: str, model: str, req: GenRequest) -> Format:
     fmt = make_format(kind, request_id, model, created, req.include_usage, req.n)
     fmt.continuous_usage = req.continuous_usage
     fmt.token_ids = req.return_token_ids
+    fmt.show_prompt_logprobs = req.show_prompt_logprobs
     if isinstance(fmt, ChatFormat):
         fmt.role, fmt.echo = req.role, req.echo_text
+    elif isinstance(fmt, CompletionFormat) and req.echo_prompt:
+        fmt.echo, fmt.echo_logprobs = req.prompt, req.logprobs is not None
     return fmt
 
 
@@ -237,6 +240,8 @@ async def generate(state: EdgeState, request: Request, kind: Kind) -> Response |
         or bool(req.tools)
         or req.continuous_usage
         or req.return_token_ids
+        or req.prompt_logprobs is not None
+        or req.echo_prompt
         or kind == "responses",
     )
     return GenerationResponse(job)

@@ -184,8 +184,8 @@ class ResponsesFormat:
     include_usage = False
     prompt_first = False
 
-    def note_prompt(self, chunk: pb.TokenChunk) -> None:
-        pass
+    def note_prompt(self, chunk: pb.TokenChunk) -> bool:
+        return False
 
     def __init__(self, request_id: str, model: str, created: int, echo: dict[str, Any]) -> None:
         self.response_id = f"resp_{request_id}"

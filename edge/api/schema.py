@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from edge.api import constraints, fields, nesting
+from edge.api import constraints, fields, nesting, prompt_logprobs, prompts
 from edge.api.priority import check_tier
 from edge.api.templates import template_inputs
 from edge.errors import ApiError, invalid
@@ -69,6 +69,11 @@ class GenRequest:
     echo_text: str = ""  # chat `echo`: the final message's content, put before the reply
     echo: dict[str, Any] = field(default_factory=dict)  # Responses API: fields it echoes
     return_token_ids: bool = False  # vLLM's: prompt and output token ids in the answer
+    # vLLM's prompt logprobs: asked of the worker (top alternatives), shown in the answer
+    # (whole answers only: streamed chunks carry none, as vLLM's), completions `echo`.
+    prompt_logprobs: int | None = None
+    show_prompt_logprobs: bool = False
+    echo_prompt: bool = False
 
     def chat_input(self) -> pb.ChatInput:
         """The contract's ChatInput of a chat request (messages, tools, template inputs)."""
@@ -106,7 +111,7 @@ class GenRequest:
             logit_bias=self.logit_bias,
         )
         optional = ("max_tokens", "temperature", "top_p", "top_k", "seed", "repetition_penalty")
-        for name in (*optional, "logprobs"):
+        for name in (*optional, "logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None:
                 setattr(sp, name, value)
@@ -316,46 +321,18 @@ def parse_chat(body: dict[str, Any]) -> GenRequest:
     if top is not None and not logprobs:
         raise invalid("top_logprobs", "'top_logprobs' needs 'logprobs' set to true")
     req.logprobs = (top or 0) if logprobs else None
+    k = prompt_logprobs.read(body, req.stream)
+    if k is None and _bool(body, "echo"):  # vLLM's: chat echo asks for them
+        k = top or 0
+    req.show_prompt_logprobs = k is not None and not req.stream
+    req.prompt_logprobs = k if req.show_prompt_logprobs else None
     return req
-
-
-def _is_token_id(v: Any) -> bool:
-    return type(v) is int and 0 <= v <= UINT32_MAX
-
-
-def _prompt(body: dict[str, Any]) -> str | list[int]:
-    """The prompt: a string, or token ids; OpenAI's one-element batch forms (`["text"]`,
-    `[[1, 2]]`) are the same. A batch of several is refused by name (not yet served)."""
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
-    if prompt is None:
-        raise invalid("prompt", "'prompt' is required")
-    if isinstance(prompt, list):
-        if prompt and all(_is_token_id(v) for v in prompt):
-            return prompt
-        if prompt and all(isinstance(v, (str, list)) for v in prompt):
-            raise invalid(
-                "prompt",
-                f"'prompt' is a batch of {len(prompt)} prompts: send one prompt per request "
-                "(batches are not served yet)",
-            )
-        raise invalid(
-            "prompt",
-            "'prompt' must be a string or a non-empty list of token ids (integers from 0 "
-            f"to {UINT32_MAX})",
-        )
-    if not isinstance(prompt, str):
-        raise invalid("prompt", "'prompt' must be a string or a list of token ids")
-    if not prompt:
-        raise invalid("prompt", "'prompt' must not be empty")
-    return prompt
 
 
 def parse_completion(body: dict[str, Any]) -> GenRequest:
     """A /v1/completions body -> GenRequest, or a 400."""
     fields.check("completion", body)
-    prompt = _prompt(body)
+    prompt = prompts.read(body)
     req = GenRequest(kind="completion")
     if isinstance(prompt, str):
         req.prompt = prompt
@@ -365,6 +342,15 @@ def parse_completion(body: dict[str, Any]) -> GenRequest:
     max_tokens = _int(body, "max_tokens", 1, UINT32_MAX)
     req.max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
     req.logprobs = _int(body, "logprobs", 0, MAX_TOP_LOGPROBS)
+    req.echo_prompt = bool(_bool(body, "echo"))
+    if req.echo_prompt and req.prompt is None:
+        raise invalid("echo", "'echo' needs a text prompt (the edge cannot decode token ids)")
+    k = prompt_logprobs.read(body, req.stream)
+    if k is None and req.echo_prompt:  # vLLM's: echo with logprobs echoes the prompt's
+        k = req.logprobs
+    req.show_prompt_logprobs = k is not None and not req.stream
+    echoed = req.echo_prompt and req.logprobs is not None
+    req.prompt_logprobs = k if req.show_prompt_logprobs or echoed else None
     return req
 
 

@@ -40,6 +40,7 @@ def sampling_from_pb(sp: pb.SamplingParams) -> SamplingParams:
         min_p=sp.min_p,
         stop_token_ids=tuple(sp.stop_token_ids),
         logit_bias=tuple(sorted(sp.logit_bias.items())),
+        prompt_logprobs=sp.prompt_logprobs if sp.HasField("prompt_logprobs") else None,
     )
 
 

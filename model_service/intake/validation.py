@@ -15,6 +15,7 @@ MAX_N = 16
 MAX_TOOLS = 128
 MAX_STOP_TOKEN_IDS = 64
 MAX_LOGIT_BIAS = 300
+MAX_LOGPROBS = 20  # top alternatives per token, generated or prompt (vLLM's max_logprobs)
 MAX_CHOICES = 1024
 MAX_DOCUMENTS = 128
 # apply_chat_template's own parameters: set through their request fields, never as
@@ -144,8 +145,9 @@ def _validate_sampling(req: GenerationRequest, model: ModelInfo, limits: LimitsC
     for tid, bias in sp.logit_bias:
         if not math.isfinite(bias) or not -100 <= bias <= 100:
             raise InvalidArgument(f"sampling.logit_bias[{tid}]", "must be in [-100, 100]")
-    if sp.logprobs is not None and sp.logprobs > 20:
-        raise InvalidArgument("sampling.logprobs", "at most 20")
+    for name in ("logprobs", "prompt_logprobs"):
+        if (k := getattr(sp, name)) is not None and k > MAX_LOGPROBS:
+            raise InvalidArgument(f"sampling.{name}", f"at most {MAX_LOGPROBS}")
     if len(sp.stop) > limits.max_stop_strings:
         raise InvalidArgument("sampling.stop", f"at most {limits.max_stop_strings} stop strings")
     for i, s in enumerate(sp.stop):

@@ -439,6 +439,47 @@ def test_return_token_ids_are_the_engines(client: openai.OpenAI) -> None:
     assert streamed == ids
 
 
+def test_prompt_logprobs_and_echo_are_the_engines(client: openai.OpenAI) -> None:
+    """On SmolLM2, vLLM's layout: one entry per prompt token (null first), each keyed
+    by the prompt's own id first (its rank, its decoded text) then the top alternatives
+    ranked 1..k; completions `echo` with `logprobs` gives the prompt's tokens with the
+    same logprobs, then the same answer as without echo."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(_make_model()))
+    prompt = "The capital of France is"
+    ids = tok.encode(prompt)
+    kw: Any = dict(model="", prompt=prompt, max_tokens=4, temperature=0)
+    comp = client.completions.create(**kw, extra_body={"prompt_logprobs": 2})
+    lps = (comp.choices[0].model_extra or {})["prompt_logprobs"]
+    assert len(lps) == len(ids) and lps[0] is None
+    for pos, entry in zip(ids[1:], lps[1:], strict=True):
+        keys = list(entry)
+        assert keys[0] == str(pos)
+        assert entry[keys[0]]["decoded_token"] == tok.decode([pos])
+        ranks = [e["rank"] for e in entry.values()]
+        assert sorted(r for r in ranks if r <= 2) == [1, 2]
+        assert len(entry) == 2 + (ranks[0] > 2)
+        assert all(isinstance(e["logprob"], float) for e in entry.values())
+    echoed = client.completions.create(**kw, echo=True, logprobs=2)
+    plain = client.completions.create(**kw)
+    legacy = echoed.choices[0].logprobs
+    assert legacy is not None and legacy.tokens and legacy.token_logprobs
+    n = len(ids)
+    assert echoed.choices[0].text == prompt + plain.choices[0].text
+    assert legacy.tokens[:n] == [tok.decode([i]) for i in ids]
+    assert legacy.token_logprobs[:n] == [None] + [
+        e[str(i)]["logprob"] for i, e in zip(ids[1:], lps[1:], strict=True)
+    ]
+    assert len(legacy.tokens) == n + (plain.usage.completion_tokens if plain.usage else 0)
+    chat = client.chat.completions.create(
+        model="", messages=RIVER, max_tokens=2, extra_body={"prompt_logprobs": 0}
+    )
+    chat_lps = (chat.model_extra or {})["prompt_logprobs"]
+    assert chat.usage is not None and len(chat_lps) == chat.usage.prompt_tokens
+    assert all(len(e) == 1 and next(iter(e.values()))["rank"] >= 1 for e in chat_lps[1:])
+
+
 HOSTILE_TEMPLATE_INPUTS: dict[str, dict[str, Any]] = {
     "template variables nested 60 deep": {
         "chat_template_kwargs": {"x": json.loads("[" * 60 + "]" * 60)}

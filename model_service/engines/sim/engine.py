@@ -22,9 +22,11 @@ from model_service.engines.sim.text import (
     Lcg,
     chat_template,
     find_stop,
+    prompt_logprobs,
     tokenize,
     with_calls,
     word_id,
+    words,
 )
 from model_service.errors import EngineError
 from model_service.types import (
@@ -33,6 +35,7 @@ from model_service.types import (
     FinishReason,
     GenerationRequest,
     ModelInfo,
+    TokenLogprob,
 )
 
 
@@ -46,6 +49,7 @@ class _SimRequest:
     running: bool = False
     scheduled_at: float | None = None
     cached: int = 0  # prompt tokens served from the prefix cache
+    prompt_logprobs: list[TokenLogprob] | None = None  # asked for: on the first output
 
 
 class SimEngine(Engine):
@@ -103,6 +107,15 @@ class SimEngine(Engine):
                 pairs.insert(0, ("tools", " ".join(t.name for t in request.tools)))
             return chat_template(tuple(pairs), request.add_generation_prompt)
         return request.prompt or ""
+
+    def _prompt_logprobs(
+        self, request: GenerationRequest, ids: list[int]
+    ) -> list[TokenLogprob] | None:
+        k = request.sampling.prompt_logprobs
+        if k is None:
+            return None
+        given = request.prompt is not None or request.messages is not None
+        return prompt_logprobs(ids, words(self._prompt_text(request)) if given else None, k)
 
     def check(self, request: GenerationRequest) -> None:
         if request.structured is not None:  # refuses what the sim cannot write
@@ -254,6 +267,7 @@ class SimEngine(Engine):
             holdback = max((len(s) for s in sp.stop), default=1) - 1
             text, emitted, n, prompt = "", 0, 0, len(prompt_ids)
             await self._prefill(req, prompt_ids, prefill - opts.ttft_s)
+            req.prompt_logprobs = self._prompt_logprobs(request, prompt_ids)
             while not req.aborted:
                 n += 1
                 if n == fail_at:
@@ -308,6 +322,7 @@ class SimEngine(Engine):
         req: _SimRequest,
         stop: str = "",
     ) -> EngineOutput:
+        prompt_lps, req.prompt_logprobs = req.prompt_logprobs, None
         return EngineOutput(
             text=text,
             token_ids=ids,
@@ -316,5 +331,6 @@ class SimEngine(Engine):
             finish_reason=finish,
             stop_sequence=stop,
             cached_prompt_tokens=req.cached,
+            prompt_logprobs=prompt_lps,
             scheduled_at=req.scheduled_at,
         )

@@ -168,6 +168,9 @@ class VllmEngine(Engine):
         completion = 0
         try:
             async for out in outputs:
+                prompt_lps = None
+                if sp.prompt_logprobs is not None and out.prompt_logprobs is not None:
+                    prompt_lps = self._prompt_logprobs(out.prompt_logprobs, ids, sp.prompt_logprobs)
                 seq = out.outputs[0]
                 new_ids = list(seq.token_ids)
                 completion += len(new_ids)
@@ -188,6 +191,7 @@ class VllmEngine(Engine):
                     logprobs=_logprobs(seq.logprobs, new_ids, sp.logprobs or 0)
                     if sp.logprobs is not None and seq.logprobs
                     else None,
+                    prompt_logprobs=prompt_lps,
                     scheduled_at=(metrics.scheduled_ts or None) if metrics is not None else None,
                 )
                 if finish is not None:
@@ -200,6 +204,12 @@ class VllmEngine(Engine):
             raise EngineDead("the vLLM engine died") from exc
         finally:
             await outputs.aclose()  # aborts the request in vLLM unless it finished
+
+    def _prompt_logprobs(self, positions: Any, ids: list[int], k: int) -> list[TokenLogprob]:
+        """vLLM's prompt logprobs (the first position has none) as one entry per token."""
+        first = TokenLogprob(ids[0], 0.0, text=self._tokenizer.decode([ids[0]])) if ids else None
+        rest = _logprobs(list(positions)[1:], ids[1:], k)
+        return [first, *rest] if first is not None else rest
 
     def check(self, request: GenerationRequest) -> None:
         """vLLM's own checks of the parameters, constraint included, before acceptance."""
@@ -260,6 +270,7 @@ class VllmEngine(Engine):
                 frequency_penalty=sp.frequency_penalty,
                 repetition_penalty=sp.repetition_penalty,
                 logprobs=sp.logprobs,
+                prompt_logprobs=sp.prompt_logprobs,
                 ignore_eos=sp.ignore_eos,
                 min_tokens=sp.min_tokens,
                 max_tokens=sp.max_tokens or self.config.default_max_tokens or None,
@@ -362,6 +373,7 @@ def _logprobs(positions: Any, token_ids: list[int], k: int) -> list[TokenLogprob
                 logprob=chosen.logprob if chosen is not None else float("-inf"),
                 top=tuple(TopLogprob(i, lp.decoded_token or "", lp.logprob) for i, lp in top),
                 text=(chosen.decoded_token or "") if chosen is not None else "",
+                rank=(chosen.rank or 0) if chosen is not None else 0,
             )
         )
     return result

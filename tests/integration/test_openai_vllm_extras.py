@@ -1,0 +1,156 @@
+"""vLLM's own extensions of the OpenAI API (issue 24), through the official `openai` SDK
+against a real edge and a real sim worker: prompt logprobs, completions `echo`. (What is
+the engine's on the real SmolLM2 worker: test_model_openai.py.)"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from model_service.engines.sim.text import words
+from tests.integration.edge_fixtures import Stack, stack
+
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+TEXT = "The rivers of France"
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[Stack]:
+    with stack() as s:
+        yield s
+
+
+@pytest.fixture
+def client(sim: Stack) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{sim.base}/v1", api_key="none", max_retries=0) as c:
+        yield c
+
+
+def extra(obj: Any) -> dict[str, Any]:
+    """The fields the SDK's models do not declare (vLLM's extensions)."""
+    return obj.model_extra or {}
+
+
+def _rendered(sim: Stack, path: str, body: dict[str, Any]) -> list[int]:
+    got = httpx.post(f"{sim.base}/v1/{path}/render", json=body, timeout=10).json()
+    return list((got if isinstance(got, dict) else got[0])["token_ids"])
+
+
+def _shape(prompt_logprobs: list[Any]) -> list[Any]:
+    """vLLM's prompt logprobs with each logprob's value replaced by its type: per token
+    the (id, rank, decoded token) of its entries, in order."""
+    out: list[Any] = []
+    for pos in prompt_logprobs:
+        if pos is None:
+            out.append(None)
+            continue
+        assert all(type(e["logprob"]) is float for e in pos.values())
+        out.append([(k, e["rank"], e["decoded_token"]) for k, e in pos.items()])
+    return out
+
+
+def _expected(ids: list[int], texts: list[str], k: int) -> list[Any]:
+    """What the sim's prompt logprobs look like: each prompt token ranked first, then
+    k - 1 vocabulary words."""
+    from model_service.engines.sim.text import VOCAB
+
+    alts = [(str(j), j + 2, " " + VOCAB[j]) for j in range(k - 1)]
+    return [None] + [
+        [(str(t), 1, w), *alts] for t, w in zip(ids[1:], texts[1:], strict=True)
+    ]
+
+
+def test_prompt_logprobs_as_vllm_lays_them_out_and_null_when_not_asked(
+    client: openai.OpenAI, sim: Stack
+) -> None:
+    """Chat: `prompt_logprobs` on the response; completions: on every choice; one entry
+    per prompt token (null for the first), each keyed by token id with its logprob, rank
+    and decoded token; null when not asked."""
+    kw: Any = {"model": "", "max_tokens": 3, "seed": 2}
+    chat_ids = _rendered(sim, "chat/completions", {"messages": ASK})
+    chat_text = "<|user|> What is the weather in Paris?\n<|assistant|>"
+    chat = client.chat.completions.create(messages=ASK, extra_body={"prompt_logprobs": 2}, **kw)
+    assert _shape(extra(chat)["prompt_logprobs"]) == _expected(chat_ids, words(chat_text), 2)
+    assert chat.usage is not None and chat.usage.prompt_tokens == len(chat_ids)
+
+    ids = _rendered(sim, "completions", {"prompt": TEXT})
+    comp = client.completions.create(prompt=TEXT, n=2, extra_body={"prompt_logprobs": 0}, **kw)
+    want = _expected(ids, words(TEXT), 0)
+    assert [_shape(extra(c)["prompt_logprobs"]) for c in comp.choices] == [want, want]
+    # Token-id prompts have no text: decoded tokens are empty.
+    by_ids = client.completions.create(prompt=ids, extra_body={"prompt_logprobs": 1}, **kw)
+    got = _shape(extra(by_ids.choices[0])["prompt_logprobs"])
+    assert got == _expected(ids, [""] * len(ids), 1)
+
+    plain = client.chat.completions.create(messages=ASK, **kw)
+    assert extra(plain)["prompt_logprobs"] is None
+    plain_comp = client.completions.create(prompt=TEXT, **kw)
+    assert extra(plain_comp.choices[0])["prompt_logprobs"] is None
+    # Streamed with 0 (vLLM's: allowed, and its chunks carry none).
+    chunks = list(
+        client.completions.create(
+            prompt=TEXT, stream=True, extra_body={"prompt_logprobs": 0}, **kw
+        )
+    )
+    assert all("prompt_logprobs" not in extra(c.choices[0]) for c in chunks if c.choices)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"prompt_logprobs": -1}, "the whole vocabulary"),
+        ({"prompt_logprobs": 21}, "at most 20"),
+        ({"prompt_logprobs": 1, "stream": True}, "not available when `stream=True`"),
+        ({"prompt_logprobs": "2"}, "must be an integer"),
+    ],
+)
+def test_prompt_logprobs_refusals_name_the_field(
+    client: openai.OpenAI, body: dict[str, Any], message: str
+) -> None:
+    for path in ("chat", "completions"):
+        with pytest.raises(openai.BadRequestError) as info:
+            if path == "chat":
+                client.chat.completions.create(model="", messages=ASK, extra_body=body)
+            else:
+                client.completions.create(model="", prompt=TEXT, extra_body=body)
+        assert info.value.param == "prompt_logprobs"
+        assert message in str(info.value)
+
+
+def test_completions_echo_puts_the_prompt_first_streamed_and_not(client: openai.OpenAI) -> None:
+    """`echo`: each choice's text is the prompt then the same answer as without echo;
+    streamed, each choice's first chunk begins with the prompt and the chunks add up to
+    the whole answer. With `logprobs`, the prompt's tokens come first (the first with no
+    logprob)."""
+    kw: Any = {"model": "", "prompt": TEXT, "max_tokens": 5, "seed": 9, "n": 2}
+    plain = client.completions.create(**kw)
+    echoed = client.completions.create(echo=True, **kw)
+    assert [c.text for c in echoed.choices] == [TEXT + c.text for c in plain.choices]
+    streamed: dict[int, list[str]] = {0: [], 1: []}
+    for chunk in client.completions.create(echo=True, stream=True, **kw):
+        for c in chunk.choices:
+            streamed[c.index].append(c.text)
+    assert [s[0].startswith(TEXT) for s in streamed.values()] == [True, True]
+    assert ["".join(s) for s in streamed.values()] == [c.text for c in echoed.choices]
+
+    with_lp = client.completions.create(echo=True, logprobs=1, **{**kw, "n": 1})
+    lp = with_lp.choices[0].logprobs
+    assert lp is not None and lp.tokens is not None and lp.token_logprobs is not None
+    n = len(words(TEXT))
+    assert (lp.tokens[:n], lp.token_logprobs[0], lp.top_logprobs[0]) == (  # type: ignore[index]
+        words(TEXT),
+        None,
+        None,
+    )
+    assert all(isinstance(v, float) for v in lp.token_logprobs[1:n])
+    assert extra(with_lp.choices[0])["prompt_logprobs"] is not None  # vLLM's: echo asks
+    first = next(iter(client.completions.create(echo=True, logprobs=1, stream=True, **kw)))
+    assert first.choices[0].logprobs is not None
+    assert (first.choices[0].text, first.choices[0].logprobs.tokens) == (TEXT, words(TEXT))
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="", prompt=[1, 2, 3], echo=True)
+    assert info.value.param == "echo"
