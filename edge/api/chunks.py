@@ -37,15 +37,20 @@ class ChunkFormat:
         self.created = created
         self.include_usage = include_usage
         self.continuous_usage = False  # usage in every chunk (set by the caller)
-        self.n = n
+        self.n = n  # choices in all
+        # A completions batch: choices `per_prompt * p` to `per_prompt * (p + 1) - 1` are
+        # prompt p's (set by the caller; n when not a batch).
+        self.per_prompt = n
         # vLLM's `return_token_ids` (set by the caller; its chunks are built as objects):
         # the prompt's ids once (the worker's first message), each chunk's own ids.
         self.token_ids = False
-        self.prompt_ids: list[int] | None = None
-        # vLLM's `prompt_logprobs` (set by the caller): whether whole answers show them,
-        # and what the worker's prompt message brought.
+        # vLLM's `prompt_logprobs` (set by the caller): whether whole answers show them.
         self.show_prompt_logprobs = False
-        self.prompt_lps: list[pb.TokenLogprob] = []
+        self.prompt_first = False  # a prompt message per prompt comes before any token
+        # What each prompt's message brought (by prompt): its ids, its logprobs.
+        self.prompt_ids: dict[int, list[int]] = {}
+        self.prompt_lps: dict[int, list[pb.TokenLogprob]] = {}
+        self._prompts_noted: set[int] = set()
         self._prompt_sent: set[int] = set()  # of choices (-1: the response's own)
         self._collected: dict[int, Collected] = {}
         self._obj = {
@@ -73,32 +78,40 @@ class ChunkFormat:
         """A chunk to send as soon as the stream starts, if the format has one."""
         return None
 
-    @property
-    def prompt_first(self) -> bool:
-        """Whether the stream reads the worker's first message (the prompt's token ids)
-        before its opening event."""
-        return self.token_ids
+    def prompts_due(self) -> bool:
+        """Whether the stream reads more of the prompts' messages before its opening
+        (`prompt_first`: one per prompt)."""
+        return self.prompt_first and len(self._prompts_noted) < self.n // self.per_prompt
 
     def note_prompt(self, chunk: pb.TokenChunk) -> bool:
-        """Keep the prompt's token ids and logprobs from the message that carries them
-        (before any token); False: `chunk` is no such message."""
+        """Keep a prompt's token ids and logprobs from the message that carries them
+        (before its tokens; `chunk.choice` is the prompt's first choice); False: `chunk`
+        is no such message."""
         if not chunk.prompt_token_ids and not chunk.prompt_logprobs:
             return False
-        if chunk.prompt_token_ids and self.prompt_ids is None:
-            self.prompt_ids = list(chunk.prompt_token_ids)
+        p = chunk.choice // self.per_prompt
+        self._prompts_noted.add(p)
+        if chunk.prompt_token_ids:
+            self.prompt_ids[p] = list(chunk.prompt_token_ids)
         if chunk.prompt_logprobs:
-            self.prompt_lps = list(chunk.prompt_logprobs)
+            self.prompt_lps[p] = list(chunk.prompt_logprobs)
         return True
 
-    def _shown_prompt_logprobs(self) -> list[dict[str, Any] | None] | None:
-        return vllm_layout(self.prompt_lps) if self.show_prompt_logprobs else None
+    def _shown_prompt_logprobs(self, choice: int = 0) -> list[dict[str, Any] | None] | None:
+        if not self.show_prompt_logprobs:
+            return None
+        return vllm_layout(self.prompt_lps.get(choice // self.per_prompt, []))
+
+    def _prompt_ids(self, choice: int = 0) -> list[int] | None:
+        return self.prompt_ids.get(choice // self.per_prompt) if self.token_ids else None
 
     def _prompt_ids_once(self, key: int) -> list[int] | None:
         """The prompt's ids the first time `key` (a choice, -1 the response) asks."""
-        if not self.token_ids or self.prompt_ids is None or key in self._prompt_sent:
+        ids = self._prompt_ids(max(key, 0))
+        if ids is None or key in self._prompt_sent:
             return None
         self._prompt_sent.add(key)
-        return self.prompt_ids
+        return ids
 
     def opening_events(self, seq: int) -> list[Event]:
         """The event that opens a stream, if the format has one: with n > 1 one chunk
@@ -178,18 +191,18 @@ class ChunkFormat:
         for i in range(max(self.n, len(reasons))):
             got = self._collected.get(i) or Collected(logprobs)
             reason = reasons.get(i, "stop")
-            fields = self.choice(got.text, got.logprobs, got.tool_calls(reason))
+            fields = self.choice(got.text, got.logprobs, got.tool_calls(reason), i)
             choice = {"index": i, **fields, "finish_reason": reason}
             if not self.prompt_top:  # vLLM's fields, null when not asked
-                choice["prompt_logprobs"] = self._shown_prompt_logprobs()
-                choice["prompt_token_ids"] = self.prompt_ids if self.token_ids else None
+                choice["prompt_logprobs"] = self._shown_prompt_logprobs(i)
+                choice["prompt_token_ids"] = self._prompt_ids(i)
             choice["token_ids"] = got.ids if self.token_ids else None
             choices.append(choice)
         out = {**self._obj, "object": self.response_object, "choices": choices,
                "usage": usage_dict(final.usage)}  # fmt: skip
         if self.prompt_top:
             out["prompt_logprobs"] = self._shown_prompt_logprobs()
-            out["prompt_token_ids"] = self.prompt_ids if self.token_ids else None
+            out["prompt_token_ids"] = self._prompt_ids()
         return out
 
     def delta(self, text: str, logprobs: list[dict[str, Any]] | None) -> bytes:
@@ -203,7 +216,11 @@ class ChunkFormat:
         return self._head + b'[],"usage":' + _dumps(usage_dict(usage)) + b"}"
 
     def choice(
-        self, text: str, logprobs: list[dict[str, Any]] | None, calls: list[dict[str, Any]]
+        self,
+        text: str,
+        logprobs: list[dict[str, Any]] | None,
+        calls: list[dict[str, Any]],
+        index: int = 0,
     ) -> dict[str, Any]:
         """The content fields of one choice of a whole (non-streamed) response."""
         raise NotImplementedError

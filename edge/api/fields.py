@@ -138,7 +138,10 @@ CHAT: dict[str, Field] = {
 }
 
 COMPLETION: dict[str, Field] = {
-    "prompt": served("one string or one list of token ids (batches refused)"),
+    "prompt": served(
+        "a string, token ids, or a batch of either (up to 64: one generation each, choices"
+        " numbered prompt by prompt)"
+    ),
     **_SAMPLING,
     "max_tokens": served("default 16, as OpenAI and vLLM"),
     "logprobs": served("up to 20"),

@@ -97,7 +97,11 @@ class ChatFormat(ChunkFormat):
         )
 
     def choice(
-        self, text: str, logprobs: list[dict[str, Any]] | None, calls: list[dict[str, Any]]
+        self,
+        text: str,
+        logprobs: list[dict[str, Any]] | None,
+        calls: list[dict[str, Any]],
+        index: int = 0,
     ) -> dict[str, Any]:
         text = self.echo + text
         message: dict[str, Any] = {"role": self.role, "content": text}
@@ -122,12 +126,8 @@ class CompletionFormat(ChunkFormat):
         super().__init__(response_id, model, created, include_usage, n)
         self._text_head = self._head + b'[{"index":0,"text":'
         self._offsets: defaultdict[int, int] = defaultdict(int)  # per choice, text_offset
-        self.echo: str | None = None
+        self.echo: list[str] | None = None  # each prompt's text (set by the caller)
         self.echo_logprobs = False  # with `logprobs`: the prompt's first (set by the caller)
-
-    @property
-    def prompt_first(self) -> bool:
-        return self.token_ids or self.echo_logprobs
 
     def opening_events(self, seq: int) -> list[Event]:
         """With `echo`, a chunk per choice holding the prompt (and its logprobs) opens the
@@ -138,16 +138,22 @@ class CompletionFormat(ChunkFormat):
         return out
 
     def _echo_choice(self, choice: int) -> dict[str, Any]:
-        lps = self._echo_logprobs()
+        lps = self._echo_logprobs(choice)
         legacy = None if lps is None else self._legacy_logprobs(lps, choice)
-        out: dict[str, Any] = {"index": choice, "text": self.echo, "logprobs": legacy}
+        text = self._echo_text(choice)
+        out: dict[str, Any] = {"index": choice, "text": text, "logprobs": legacy}
         out["finish_reason"] = None
         if (ids := self._prompt_ids_once(choice)) is not None:
             out["prompt_token_ids"] = ids
         return out
 
-    def _echo_logprobs(self) -> list[dict[str, Any]] | None:
-        return echo_entries(self.prompt_lps) if self.echo_logprobs else None
+    def _echo_text(self, choice: int) -> str:
+        return self.echo[choice // self.per_prompt] if self.echo else ""
+
+    def _echo_logprobs(self, choice: int) -> list[dict[str, Any]] | None:
+        if not self.echo_logprobs:
+            return None
+        return echo_entries(self.prompt_lps.get(choice // self.per_prompt, []))
 
     def _legacy_logprobs(self, entries: list[dict[str, Any]], choice: int = 0) -> dict[str, Any]:
         offsets = []
@@ -201,13 +207,17 @@ class CompletionFormat(ChunkFormat):
         return out
 
     def choice(
-        self, text: str, logprobs: list[dict[str, Any]] | None, calls: list[dict[str, Any]]
+        self,
+        text: str,
+        logprobs: list[dict[str, Any]] | None,
+        calls: list[dict[str, Any]],
+        index: int = 0,
     ) -> dict[str, Any]:
         self._offsets[0] = 0
         if self.echo is not None:  # vLLM's: the prompt, then the text
-            text = self.echo + text
+            text = self._echo_text(index) + text
             if logprobs is not None:
-                logprobs = (self._echo_logprobs() or []) + logprobs
+                logprobs = (self._echo_logprobs(index) or []) + logprobs
         legacy = None if logprobs is None else self._legacy_logprobs(logprobs)
         return {"text": text, "logprobs": legacy}
 

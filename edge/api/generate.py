@@ -15,7 +15,7 @@ import grpc
 from starlette.requests import Request
 from starlette.responses import Response
 
-from edge.api import affinity, priority
+from edge.api import affinity, priority, prompts
 from edge.api.formats import ChatFormat, CompletionFormat, make_format
 from edge.api.pages import ORJSONResponse
 from edge.api.responses import ResponsesFormat, parse_responses
@@ -37,7 +37,8 @@ from edge.routing.prefix import Prompt
 from edge.stream.ids import PART_DONE, Origin, ResumePoint, bad_event_id, not_yours
 from edge.stream.job import Format, Job
 from edge.stream.response import GenerationResponse
-from edge.upstream.calls import GenerateCall, ResumeCall
+from edge.upstream.batch import BatchCall
+from edge.upstream.calls import GenerateCall, ResumeCall, UpstreamCall
 from edge.upstream.continuation import split_id
 from edge.upstream.failover import FailoverCall, Route
 from edge.upstream.session import open_session_call
@@ -146,16 +147,20 @@ async def _prepare(state: EdgeState, request: Request, kind: Kind) -> Prepared:
 def _format(kind: Kind, request_id: str, model: str, req: GenRequest) -> Format:
     """The renderer of an endpoint's events and whole responses."""
     created = created_at(request_id)
+    batch = len(req.batch or "x")
     if kind == "responses":
         return ResponsesFormat(request_id, model, created, req.echo)
-    fmt = make_format(kind, request_id, model, created, req.include_usage, req.n)
+    fmt = make_format(kind, request_id, model, created, req.include_usage, req.n * batch)
+    fmt.per_prompt = req.n
     fmt.continuous_usage = req.continuous_usage
-    fmt.token_ids = req.return_token_ids
+    fmt.token_ids = fmt.prompt_first = req.return_token_ids
     fmt.show_prompt_logprobs = req.show_prompt_logprobs
     if isinstance(fmt, ChatFormat):
         fmt.role, fmt.echo = req.role, req.echo_text
     elif isinstance(fmt, CompletionFormat) and req.echo_prompt:
-        fmt.echo, fmt.echo_logprobs = req.prompt, req.logprobs is not None
+        fmt.echo = [p for p in req.prompts() if isinstance(p, str)]
+        fmt.echo_logprobs = req.logprobs is not None
+        fmt.prompt_first = fmt.prompt_first or fmt.echo_logprobs
     return fmt
 
 
@@ -166,16 +171,15 @@ async def _failover(
     detach_grace_s: float,
     timeout: float,
     stamps: bool = False,
-) -> FailoverCall:
+) -> UpstreamCall:
+    """The request's call: a `FailoverCall`, or for a completions batch a `BatchCall` of
+    one per prompt (all placed with the first: one session, one placement)."""
     registry = state.workers()
     # The session's pool (pinned) and worker; its cookie and pool headers go out with the
     # response, whatever it turns out to be. The prompt is hashed only for a cache_aware pool.
     req = p.req
     messages = None if req.messages is None else [(m.role, m.content) for m in req.messages]
-    text = req.prompt
-    if req.prompt_tokens is not None:  # ids as text: a shared id prefix is a shared prefix
-        text = " ".join(map(str, req.prompt_tokens))
-    prompt = Prompt(messages, text)
+    prompt = Prompt(messages, _routed_text(req.prompts()[0]) if messages is None else None)
     worker, p.key = await tracing.route_awaiting(
         affinity.place(state.sessions(), state.cookies, request, req.model, req.user, prompt)
     )
@@ -185,18 +189,35 @@ async def _failover(
     # A Responses stream's events depend on all before them: it resumes by replaying its
     # one generation, so it is never continued as a second one elsewhere.
     continuable = req.kind != "responses"
-    route = Route(req.model, p.key, prompt)
     open_call = open_session_call if state.config.routing.upstream == "session" else GenerateCall
-    return FailoverCall(
-        registry,
-        worker,
-        start,
-        timeout,
-        p.trace_id,
-        route=route,
-        continuable=continuable,
-        open_call=open_call,
-    )
+
+    def call(start: pb.StartGeneration, prompt: Prompt) -> FailoverCall:
+        route = Route(req.model, p.key, prompt)
+        return FailoverCall(
+            registry,
+            worker,
+            start,
+            timeout,
+            p.trace_id,
+            route=route,
+            continuable=continuable,
+            open_call=open_call,
+        )
+
+    if req.batch is None:
+        return call(start, prompt)
+    calls = [
+        call(prompts.start_for(start, i, one), Prompt(None, _routed_text(one)))
+        for i, one in enumerate(req.batch)
+    ]
+    asks = start.return_prompt_tokens or start.sampling.HasField("prompt_logprobs")
+    return BatchCall(calls, req.n, prompt_messages=asks)
+
+
+def _routed_text(prompt: prompts.Prompt) -> str:
+    """A completions prompt as routing hashes it (token ids as text: a shared id prefix
+    is a shared prefix)."""
+    return prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
 
 
 async def generate(state: EdgeState, request: Request, kind: Kind) -> Response | GenerationResponse:
@@ -205,6 +226,8 @@ async def generate(state: EdgeState, request: Request, kind: Kind) -> Response |
     p = await _prepare(state, request, kind)
     last_event_id = request.headers.get(LAST_EVENT_ID)
     if p.req.stream and last_event_id:  # a retried stream: continue it, don't start anew
+        if p.req.batch is not None:
+            raise ApiError(400, "a batch of prompts cannot be resumed", param="Last-Event-ID")
         point = state.codec.parse(last_event_id)
         if point.origin.owner != p.owner:
             raise not_yours()
@@ -237,6 +260,7 @@ async def generate(state: EdgeState, request: Request, kind: Kind) -> Response |
         owner=p.owner,
         body=p.body,
         rich=req.n > 1
+        or req.batch is not None
         or bool(req.tools)
         or req.continuous_usage
         or req.return_token_ids

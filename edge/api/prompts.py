@@ -1,43 +1,65 @@
-"""The `/v1/completions` prompt's forms: a string or token ids; OpenAI's one-element
-batch forms (`["text"]`, `[[1, 2]]`) are the same."""
+"""The `/v1/completions` prompt's forms, as OpenAI and vLLM take them: a string, token
+ids, or a batch of either (a list of strings, a list of token-id lists). A batch is
+served as one generation per prompt, its choices numbered prompt by prompt."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from edge.errors import invalid
+from generated import sluice_pb2 as pb
 
 UINT32_MAX = 2**32 - 1
+MAX_BATCH = 64  # prompts in one request (each is a generation of its own)
+
+Prompt = str | list[int]
 
 
 def _is_token_id(v: Any) -> bool:
     return type(v) is int and 0 <= v <= UINT32_MAX
 
 
-def read(body: dict[str, Any]) -> str | list[int]:
-    """The prompt: a string, or token ids; OpenAI's one-element batch forms (`["text"]`,
-    `[[1, 2]]`) are the same. A batch of several is refused by name (not yet served)."""
+def _ids(v: Any) -> bool:
+    return isinstance(v, list) and bool(v) and all(_is_token_id(i) for i in v)
+
+
+def read(body: dict[str, Any]) -> list[Prompt]:
+    """The prompts of a body, in order (one unless a batch), or a 400 naming `prompt`."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
     if prompt is None:
         raise invalid("prompt", "'prompt' is required")
-    if isinstance(prompt, list):
-        if prompt and all(_is_token_id(v) for v in prompt):
-            return prompt
-        if prompt and all(isinstance(v, (str, list)) for v in prompt):
-            raise invalid(
-                "prompt",
-                f"'prompt' is a batch of {len(prompt)} prompts: send one prompt per request "
-                "(batches are not served yet)",
-            )
+    if isinstance(prompt, str) or _ids(prompt):
+        batch = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        batch = prompt
+    elif isinstance(prompt, list) and prompt and all(_ids(p) for p in prompt):
+        batch = prompt
+    else:
         raise invalid(
             "prompt",
-            "'prompt' must be a string or a non-empty list of token ids (integers from 0 "
-            f"to {UINT32_MAX})",
+            "'prompt' must be a string, a non-empty list of token ids (integers from 0 to "
+            f"{UINT32_MAX}), or a batch: a list of strings or a list of token-id lists",
         )
-    if not isinstance(prompt, str):
-        raise invalid("prompt", "'prompt' must be a string or a list of token ids")
-    if not prompt:
-        raise invalid("prompt", "'prompt' must not be empty")
-    return prompt
+    if len(batch) > MAX_BATCH:
+        raise invalid(
+            "prompt", f"'prompt' is a batch of {len(batch)} prompts, more than {MAX_BATCH}"
+        )
+    for i, p in enumerate(batch):
+        if p == "":
+            where = "prompt" if len(batch) == 1 else f"prompt[{i}]"
+            raise invalid(where, f"'{where}' must not be empty")
+    return batch
+
+
+def start_for(start: pb.StartGeneration, i: int, prompt: Prompt) -> pb.StartGeneration:
+    """The generation of a batch's prompt `i`: the request's start with that prompt and
+    an id of its own."""
+    one = pb.StartGeneration()
+    one.CopyFrom(start)
+    one.request_id = f"{start.request_id}b{i}"
+    if isinstance(prompt, str):
+        one.prompt = prompt
+    else:
+        one.ClearField("prompt_tokens")
+        one.prompt_tokens.ids.extend(prompt)
+    return one

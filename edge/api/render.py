@@ -21,14 +21,15 @@ async def render(state: EdgeState, request: Request, kind: Kind) -> Response:
     body = decode_body(await read_body(request, cfg.server.max_body_bytes))
     req = parse_chat(body) if kind == "chat" else parse_completion(body)
     check_sizes(req, body, cfg.security)
-    if req.prompt_tokens is not None:  # already tokens: nothing to render
-        return ORJSONResponse([{"request_id": new_request_id(), "token_ids": req.prompt_tokens}])
-    tokenize = pb.TokenizeRequest(model=req.model)
-    if req.messages is not None:
-        tokenize.chat.CopyFrom(req.chat_input())
-    else:
-        tokenize.prompt = req.prompt or ""
     worker = state.workers().pick(req.model)
-    ids = await worker.tokenize(tokenize)
-    out = {"request_id": new_request_id(), "token_ids": ids}
-    return ORJSONResponse(out if kind == "chat" else [out])
+    if req.messages is not None:
+        tokenize = pb.TokenizeRequest(model=req.model)
+        tokenize.chat.CopyFrom(req.chat_input())
+        ids = await worker.tokenize(tokenize)
+        return ORJSONResponse({"request_id": new_request_id(), "token_ids": ids})
+    out = []  # one per prompt of a batch, as vLLM's
+    for prompt in req.prompts():
+        if isinstance(prompt, str):
+            prompt = await worker.tokenize(pb.TokenizeRequest(model=req.model, prompt=prompt))
+        out.append({"request_id": new_request_id(), "token_ids": prompt})  # ids: as given
+    return ORJSONResponse(out)

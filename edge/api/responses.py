@@ -182,7 +182,9 @@ class ResponsesFormat:
 
     replay_from_start = True
     include_usage = False
-    prompt_first = False
+
+    def prompts_due(self) -> bool:
+        return False
 
     def note_prompt(self, chunk: pb.TokenChunk) -> bool:
         return False

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from edge.api import constraints, fields, nesting, prompt_logprobs, prompts
 from edge.api.priority import check_tier
+from edge.api.prompts import Prompt
 from edge.api.templates import template_inputs
 from edge.errors import ApiError, invalid
 from generated import sluice_pb2 as pb
@@ -35,6 +36,7 @@ class GenRequest:
     messages: list[pb.ChatMessage] | None = None
     prompt: str | None = None
     prompt_tokens: list[int] | None = None  # a completions prompt given as token ids
+    batch: list[Prompt] | None = None  # completions: several prompts (the first above)
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -74,6 +76,12 @@ class GenRequest:
     prompt_logprobs: int | None = None
     show_prompt_logprobs: bool = False
     echo_prompt: bool = False
+
+    def prompts(self) -> list[Prompt]:
+        """A completions request's prompts: the batch's, or its one."""
+        if self.batch is not None:
+            return self.batch
+        return [(self.prompt or "") if self.prompt_tokens is None else self.prompt_tokens]
 
     def chat_input(self) -> pb.ChatInput:
         """The contract's ChatInput of a chat request (messages, tools, template inputs)."""
@@ -332,18 +340,18 @@ def parse_chat(body: dict[str, Any]) -> GenRequest:
 def parse_completion(body: dict[str, Any]) -> GenRequest:
     """A /v1/completions body -> GenRequest, or a 400."""
     fields.check("completion", body)
-    prompt = prompts.read(body)
-    req = GenRequest(kind="completion")
-    if isinstance(prompt, str):
-        req.prompt = prompt
+    batch = prompts.read(body)
+    req = GenRequest(kind="completion", batch=batch if len(batch) > 1 else None)
+    if isinstance(batch[0], str):
+        req.prompt = batch[0]
     else:
-        req.prompt_tokens = prompt
+        req.prompt_tokens = batch[0]
     common(body, req)
     max_tokens = _int(body, "max_tokens", 1, UINT32_MAX)
     req.max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
     req.logprobs = _int(body, "logprobs", 0, MAX_TOP_LOGPROBS)
     req.echo_prompt = bool(_bool(body, "echo"))
-    if req.echo_prompt and req.prompt is None:
+    if req.echo_prompt and not all(isinstance(p, str) for p in batch):
         raise invalid("echo", "'echo' needs a text prompt (the edge cannot decode token ids)")
     k = prompt_logprobs.read(body, req.stream)
     if k is None and req.echo_prompt:  # vLLM's: echo with logprobs echoes the prompt's
@@ -376,9 +384,17 @@ UNBOUNDED_RESERVE = 1024
 
 def most_tokens(req: GenRequest) -> int:
     """What a generation may cost at most, for a tokens-per-minute reservation: its
-    max_tokens for each choice plus its prompt (about 4 characters a token)."""
+    max_tokens for each choice plus its prompt (about 4 characters a token); a batch's
+    for each prompt."""
     if req.messages is not None:
         chars = sum(len(m.content) for m in req.messages)
     else:
-        chars = len(req.prompt or "") + 4 * len(req.prompt_tokens or ())
-    return (req.max_tokens or UNBOUNDED_RESERVE) * max(1, req.n) + chars // 4 + 1
+        chars = prompt_chars(req)
+    choices = max(1, req.n) * len(req.batch or "x")
+    return (req.max_tokens or UNBOUNDED_RESERVE) * choices + chars // 4 + 1
+
+
+def prompt_chars(req: GenRequest) -> int:
+    """A completions request's prompt size in characters (token ids count 4 each), its
+    batch's in all."""
+    return sum(len(p) if isinstance(p, str) else 4 * len(p) for p in req.prompts())

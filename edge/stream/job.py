@@ -32,12 +32,15 @@ class Format(Protocol):
     # format's events depend on all that came before), instead of from the event's message.
     replay_from_start: bool
 
-    @property
-    def prompt_first(self) -> bool:
-        """Read the worker's first message (the prompt's token ids) before the opening."""
+    def prompts_due(self) -> bool:
+        """Read another of the prompts' messages (their token ids, logprobs) before the
+        opening."""
         ...
 
-    def note_prompt(self, chunk: pb.TokenChunk) -> bool: ...
+    def note_prompt(self, chunk: pb.TokenChunk) -> bool:
+        """Keep what a prompt's message carries; False: `chunk` is no such message."""
+        ...
+
     def opening_events(self, seq: int) -> list[Event]: ...
     def delta(self, text: str, logprobs: list[dict[str, Any]] | None) -> bytes: ...
     def events(

@@ -148,10 +148,11 @@ class GenerationResponse:
         first: pb.GenerateResponse | None = None
         if not await call.admitted():
             first = await call.read()  # raises the refusal; or a generation over already
-        elif self.fmt.prompt_first and self.job.resume is None:
-            first = await call.read()
-            if first.WhichOneof("kind") == "chunk":
-                self.fmt.note_prompt(first.chunk)
+        elif self.job.resume is None:
+            while self.fmt.prompts_due():
+                first = await call.read()
+                if first.WhichOneof("kind") != "chunk" or not self.fmt.note_prompt(first.chunk):
+                    break
         await self._commit(send)
         while True:
             msg = first or await call.read()

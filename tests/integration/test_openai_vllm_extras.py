@@ -59,9 +59,7 @@ def _expected(ids: list[int], texts: list[str], k: int) -> list[Any]:
     from model_service.engines.sim.text import VOCAB
 
     alts = [(str(j), j + 2, " " + VOCAB[j]) for j in range(k - 1)]
-    return [None] + [
-        [(str(t), 1, w), *alts] for t, w in zip(ids[1:], texts[1:], strict=True)
-    ]
+    return [None] + [[(str(t), 1, w), *alts] for t, w in zip(ids[1:], texts[1:], strict=True)]
 
 
 def test_prompt_logprobs_as_vllm_lays_them_out_and_null_when_not_asked(
@@ -92,9 +90,7 @@ def test_prompt_logprobs_as_vllm_lays_them_out_and_null_when_not_asked(
     assert extra(plain_comp.choices[0])["prompt_logprobs"] is None
     # Streamed with 0 (vLLM's: allowed, and its chunks carry none).
     chunks = list(
-        client.completions.create(
-            prompt=TEXT, stream=True, extra_body={"prompt_logprobs": 0}, **kw
-        )
+        client.completions.create(prompt=TEXT, stream=True, extra_body={"prompt_logprobs": 0}, **kw)
     )
     assert all("prompt_logprobs" not in extra(c.choices[0]) for c in chunks if c.choices)
 
@@ -154,3 +150,96 @@ def test_completions_echo_puts_the_prompt_first_streamed_and_not(client: openai.
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model="", prompt=[1, 2, 3], echo=True)
     assert info.value.param == "echo"
+
+
+# -- completions batches ----------------------------------------------------------------
+
+BATCH = ["The rivers of France", "Tell me about light", "A stream"]
+
+
+def _choices(resp: Any) -> list[tuple[int, str, str | None]]:
+    return [(c.index, c.text, c.finish_reason) for c in resp.choices]
+
+
+def test_a_batch_is_one_choice_list_indexed_prompt_by_prompt_streamed_and_not(
+    client: openai.OpenAI, sim: Stack
+) -> None:
+    """A batch of strings (or of token-id lists) answers as each prompt alone would, its
+    choices numbered prompt by prompt (times n), usage summed; streamed, each index's
+    chunks add up to the whole answer's choice and each ends with its finish reason."""
+    kw: Any = {"model": "", "max_tokens": 4, "seed": 5, "n": 2}
+    singles = [client.completions.create(prompt=p, **kw) for p in BATCH]
+    want = [
+        (2 * p + c.index, c.text, c.finish_reason)
+        for p, one in enumerate(singles)
+        for c in one.choices
+    ]
+    batch = client.completions.create(prompt=BATCH, **kw)
+    assert _choices(batch) == want
+    assert batch.usage is not None
+    assert batch.usage.prompt_tokens == sum(s.usage.prompt_tokens for s in singles if s.usage)
+    assert batch.usage.completion_tokens == sum(
+        s.usage.completion_tokens for s in singles if s.usage
+    )
+    ids = [_rendered(sim, "completions", {"prompt": p}) for p in BATCH]
+    by_ids = client.completions.create(prompt=ids, **kw)
+    assert _choices(by_ids) == want
+
+    texts: dict[int, str] = {}
+    reasons: dict[int, str | None] = {}
+    for chunk in client.completions.create(prompt=BATCH, stream=True, **kw):
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+            if c.finish_reason is not None:
+                reasons[c.index] = c.finish_reason
+    got = [(i, texts[i], reasons.get(i)) for i in sorted(texts)]
+    assert got == want
+
+
+def test_a_batch_carries_each_prompts_echo_and_ids(client: openai.OpenAI, sim: Stack) -> None:
+    """Per prompt in a batch: `echo` (its text and logprobs first) and `return_token_ids`
+    (its own prompt ids), streamed and not."""
+    kw: Any = {"model": "", "prompt": BATCH[:2], "max_tokens": 3, "seed": 1}
+    plain = client.completions.create(**kw)
+    echoed = client.completions.create(echo=True, logprobs=0, **kw)
+    assert [c.text for c in echoed.choices] == [
+        p + c.text for p, c in zip(BATCH[:2], plain.choices, strict=True)
+    ]
+    assert [c.logprobs.tokens if c.logprobs else None for c in echoed.choices] == [
+        words(p) for p in BATCH[:2]
+    ]
+    streamed: dict[int, str] = {}
+    for chunk in client.completions.create(echo=True, logprobs=0, stream=True, **kw):
+        for c in chunk.choices:
+            streamed[c.index] = streamed.get(c.index, "") + c.text
+    assert [streamed[0], streamed[1]] == [c.text for c in echoed.choices]
+
+    ids = [_rendered(sim, "completions", {"prompt": p}) for p in BATCH[:2]]
+    with_ids = client.completions.create(extra_body={"return_token_ids": True}, **kw)
+    assert [extra(c)["prompt_token_ids"] for c in with_ids.choices] == ids
+    firsts: dict[int, Any] = {}
+    for chunk in client.completions.create(
+        stream=True, extra_body={"return_token_ids": True}, **kw
+    ):
+        for c in chunk.choices:
+            firsts.setdefault(c.index, extra(c).get("prompt_token_ids"))
+    assert [firsts[0], firsts[1]] == ids
+
+
+def test_a_batch_is_refused_a_resume(sim: Stack) -> None:
+    body = {"model": "", "prompt": BATCH, "max_tokens": 2, "stream": True}
+    resp = httpx.post(
+        f"{sim.base}/v1/completions", json=body, headers={"Last-Event-ID": "x.1.1"}, timeout=10
+    )
+    assert (resp.status_code, resp.json()["error"]["param"]) == (400, "Last-Event-ID")
+
+
+def test_a_refused_prompt_refuses_the_batch(client: openai.OpenAI) -> None:
+    """The worker refuses the second prompt (an id outside the vocabulary): the request is
+    that 400, streamed or not, and the first prompt's generation is cancelled."""
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.completions.create(
+                model="", prompt=[[1, 2], [1 << 17]], max_tokens=2, stream=stream
+            )
+        assert "vocabulary" in str(info.value)

@@ -124,7 +124,7 @@ COMPLETION_CASES = [
     ({"model": "m"}, "prompt"),
     (completion(prompt=""), "prompt"),
     (completion(prompt=5), "prompt"),
-    (completion(prompt=["a", "b"]), "prompt"),
+    (completion(prompt=["a", ""]), "prompt[1]"),
     (completion(prompt=[1, -2, 3]), "prompt"),
     (completion(logprobs=21), "logprobs"),
     (completion(logprobs=True), "logprobs"),
