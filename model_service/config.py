@@ -190,6 +190,12 @@ class LimitsConfig:
         1_000, "--max-regex-repeat", "the largest count of a regex repetition {m,n}"
     )
     max_grammar_rules: int = option(1_000, "--max-grammar-rules", "rules of one grammar")
+    chat_roles: list[str] = option(
+        [],
+        "--chat-role",
+        "a chat role beyond OpenAI's five that the model's template defines (repeat)",
+        action="append",
+    )
 
 
 @dataclass(slots=True)

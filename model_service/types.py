@@ -125,6 +125,7 @@ class GenerationRequest:
     parallel_tool_calls: bool = True
     stream_usage: bool = False
     return_prompt_tokens: bool = False  # the prompt's ids in a first message of their own
+    prompt_text: str | None = None  # asked for: the prompt's text, for that message
     priority: int = 1  # class: 0 high, 1 normal, 2 low (`admission`)
     tenant: str = ""  # whose it is, for fair share within the class
     # The caller's W3C trace context (traceparent, tracestate) while tracing is on.

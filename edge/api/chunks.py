@@ -13,6 +13,7 @@ import orjson
 from edge.api.choices import Collected, choice_reasons, logprob_entries, usage_dict
 from edge.api.prompt_logprobs import vllm_layout
 from edge.stream.job import FINISH_REASONS, Event
+from edge.upstream.batch import is_prompt
 from generated import sluice_pb2 as pb
 
 _dumps = orjson.dumps
@@ -87,7 +88,7 @@ class ChunkFormat:
         """Keep a prompt's token ids and logprobs from the message that carries them
         (before its tokens; `chunk.choice` is the prompt's first choice); False: `chunk`
         is no such message."""
-        if not chunk.prompt_token_ids and not chunk.prompt_logprobs:
+        if not is_prompt(chunk):
             return False
         p = chunk.choice // self.per_prompt
         self._prompts_noted.add(p)

@@ -171,10 +171,14 @@ RESPONSES: dict[str, Field] = {
     "background": refused("use a stream link (POST /v1/streams)", False),
     "prompt": refused("no stored prompts"),
     "reasoning": ignored("no reasoning models served (accepted as OpenAI's clients send it)"),
-    "include": refused("not yet (issue 24, #3)", []),
+    "include": served(
+        "`message.output_text.logprobs`; OpenAI's other values name what never appears here"
+    ),
     "max_tool_calls": refused("not in the contract"),
-    "top_logprobs": refused("not yet (issue 24, #3)"),
-    "enable_response_messages": refused("not yet (issue 24, #12)", False),
+    "top_logprobs": served("up to 20, with `include` of the logprobs"),
+    "enable_response_messages": served(
+        "vLLM's: `input_messages`, `output_messages` (text and token ids) on the final response"
+    ),
 }
 _TOKEN_IDS = served("vLLM's: `prompt_token_ids` and each choice's `token_ids`")
 CHAT["return_token_ids"] = COMPLETION["return_token_ids"] = _TOKEN_IDS

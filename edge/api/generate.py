@@ -124,7 +124,8 @@ async def _prepare(state: EdgeState, request: Request, kind: Kind) -> Prepared:
         raise from_status(grpc.StatusCode.UNAVAILABLE, "this edge is shutting down")
     cfg = state.config
     given = decode_body(await read_body(request, cfg.server.max_body_bytes))
-    req = _PARSERS[kind](given)
+    roles = cfg.security.chat_roles
+    req = parse_chat(given, roles) if kind == "chat" else _PARSERS[kind](given)
     check_sizes(req, given, cfg.security)
     rec = record_of(request.scope)
     asked = request.headers.get(priority.HEADER)
@@ -149,7 +150,9 @@ def _format(kind: Kind, request_id: str, model: str, req: GenRequest) -> Format:
     created = created_at(request_id)
     batch = len(req.batch or "x")
     if kind == "responses":
-        return ResponsesFormat(request_id, model, created, req.echo)
+        responses = ResponsesFormat(request_id, model, created, req.echo)
+        responses.messages = req.return_prompt_text
+        return responses
     fmt = make_format(kind, request_id, model, created, req.include_usage, req.n * batch)
     fmt.per_prompt = req.n
     fmt.continuous_usage = req.continuous_usage

@@ -6,10 +6,13 @@ map of token id -> logprob, rank, decoded token), and echo's legacy entries."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edge.errors import invalid
 from generated import sluice_pb2 as pb
+
+if TYPE_CHECKING:
+    from edge.api.schema import GenRequest
 
 MAX_PROMPT_LOGPROBS = 20  # vLLM's default max_logprobs; the contract's limit
 FLOOR = -9999.0  # vLLM's (and OpenAI's) stand-in for -inf in JSON
@@ -42,6 +45,17 @@ def read(body: dict[str, Any], stream: bool) -> int | None:
             f"`prompt_logprobs` must be at most {MAX_PROMPT_LOGPROBS}, got {v}",
         )
     return v
+
+
+def ask(body: dict[str, Any], req: GenRequest, echo_k: int | None, echoed: bool = False) -> None:
+    """Set what `req` asks of the worker and shows: the body's `prompt_logprobs`, else
+    `echo_k` (vLLM's: an `echo` asks for them too); a stream shows none (as vLLM's), but
+    completions echo with logprobs (`echoed`) lays the prompt's out all the same."""
+    k = read(body, req.stream)
+    if k is None:
+        k = echo_k
+    req.show_prompt_logprobs = k is not None and not req.stream
+    req.prompt_logprobs = k if req.show_prompt_logprobs or echoed else None
 
 
 def _clamp(lp: float) -> float:

@@ -19,7 +19,8 @@ from generated import sluice_pb2 as pb
 async def render(state: EdgeState, request: Request, kind: Kind) -> Response:
     cfg = state.config
     body = decode_body(await read_body(request, cfg.server.max_body_bytes))
-    req = parse_chat(body) if kind == "chat" else parse_completion(body)
+    chat = kind == "chat"
+    req = parse_chat(body, cfg.security.chat_roles) if chat else parse_completion(body)
     check_sizes(req, body, cfg.security)
     worker = state.workers().pick(req.model)
     if req.messages is not None:

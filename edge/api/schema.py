@@ -4,6 +4,7 @@ worker's to check; its INVALID_ARGUMENT comes back with the OpenAI field name.""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -71,6 +72,7 @@ class GenRequest:
     echo_text: str = ""  # chat `echo`: the final message's content, put before the reply
     echo: dict[str, Any] = field(default_factory=dict)  # Responses API: fields it echoes
     return_token_ids: bool = False  # vLLM's: prompt and output token ids in the answer
+    return_prompt_text: bool = False  # the prompt's text (after the template) in the answer
     # vLLM's prompt logprobs: asked of the worker (top alternatives), shown in the answer
     # (whole answers only: streamed chunks carry none, as vLLM's), completions `echo`.
     prompt_logprobs: int | None = None
@@ -132,6 +134,7 @@ class GenRequest:
             structured_output=self.structured,
             stream_usage=self.continuous_usage,
             return_prompt_tokens=self.return_token_ids,
+            return_prompt_text=self.return_prompt_text,
         )
         if self.messages is not None:
             start.chat.CopyFrom(self.chat_input())
@@ -284,7 +287,7 @@ def _content(msg: dict[str, Any], i: int) -> str:
     return "\n".join(texts)
 
 
-def _messages(body: dict[str, Any]) -> list[pb.ChatMessage]:
+def _messages(body: dict[str, Any], roles: frozenset[str]) -> list[pb.ChatMessage]:
     messages = body.get("messages")
     if messages is None:
         raise invalid("messages", "'messages' is required")
@@ -295,8 +298,8 @@ def _messages(body: dict[str, Any]) -> list[pb.ChatMessage]:
         if not isinstance(msg, dict):
             raise invalid(f"messages[{i}]", "each message must be an object")
         role = msg.get("role")
-        if not isinstance(role, str) or role not in ROLES:
-            raise invalid(f"messages[{i}].role", f"role must be one of {sorted(ROLES)}")
+        if not isinstance(role, str) or role not in roles:
+            raise invalid(f"messages[{i}].role", f"role must be one of {sorted(roles)}")
         m = pb.ChatMessage(role=role, content=_content(msg, i))
         if role == "assistant":
             m.tool_calls.extend(constraints.tool_calls(msg, i))
@@ -312,10 +315,12 @@ def _messages(body: dict[str, Any]) -> list[pb.ChatMessage]:
     return out
 
 
-def parse_chat(body: dict[str, Any]) -> GenRequest:
-    """A /v1/chat/completions body -> GenRequest, or a 400."""
+def parse_chat(body: dict[str, Any], roles: Collection[str] = ()) -> GenRequest:
+    """A /v1/chat/completions body -> GenRequest, or a 400. `roles`: those the workers'
+    chat template defines beyond OpenAI's (`--chat-role`)."""
     fields.check("chat", body)
-    req = GenRequest(kind="chat", messages=_messages(body))
+    known = ROLES.union(roles) if roles else ROLES
+    req = GenRequest(kind="chat", messages=_messages(body, known))
     common(body, req)
     req.tools = constraints.tools(body)
     req.tool_choice = constraints.tool_choice(body.get("tool_choice"), bool(req.tools))
@@ -329,11 +334,7 @@ def parse_chat(body: dict[str, Any]) -> GenRequest:
     if top is not None and not logprobs:
         raise invalid("top_logprobs", "'top_logprobs' needs 'logprobs' set to true")
     req.logprobs = (top or 0) if logprobs else None
-    k = prompt_logprobs.read(body, req.stream)
-    if k is None and _bool(body, "echo"):  # vLLM's: chat echo asks for them
-        k = top or 0
-    req.show_prompt_logprobs = k is not None and not req.stream
-    req.prompt_logprobs = k if req.show_prompt_logprobs else None
+    prompt_logprobs.ask(body, req, (top or 0) if _bool(body, "echo") else None)
     return req
 
 
@@ -353,12 +354,8 @@ def parse_completion(body: dict[str, Any]) -> GenRequest:
     req.echo_prompt = bool(_bool(body, "echo"))
     if req.echo_prompt and not all(isinstance(p, str) for p in batch):
         raise invalid("echo", "'echo' needs a text prompt (the edge cannot decode token ids)")
-    k = prompt_logprobs.read(body, req.stream)
-    if k is None and req.echo_prompt:  # vLLM's: echo with logprobs echoes the prompt's
-        k = req.logprobs
-    req.show_prompt_logprobs = k is not None and not req.stream
-    echoed = req.echo_prompt and req.logprobs is not None
-    req.prompt_logprobs = k if req.show_prompt_logprobs or echoed else None
+    echoed = req.echo_prompt and req.logprobs is not None  # the prompt's tokens first
+    prompt_logprobs.ask(body, req, req.logprobs if req.echo_prompt else None, echoed)
     return req
 
 

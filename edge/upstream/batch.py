@@ -14,6 +14,11 @@ from generated import sluice_pb2 as pb
 _SUCCESS = (pb.FINISH_REASON_STOP, pb.FINISH_REASON_LENGTH, pb.FINISH_REASON_TOOL_CALLS)
 
 
+def is_prompt(chunk: pb.TokenChunk) -> bool:
+    """Whether `chunk` is a prompt's message (its ids, logprobs or text; no tokens)."""
+    return bool(chunk.prompt_token_ids or chunk.prompt_logprobs or chunk.prompt_text)
+
+
 class BatchCall:
     """Generations `calls` (prompt order), each with `per_prompt` choices, as one call.
     `prompt_messages`: each generation opens with its prompt's message.
@@ -62,7 +67,7 @@ class BatchCall:
             self._prompts_left -= 1
             msg = await self._calls[p].read()
             kind = msg.WhichOneof("kind")
-            if kind == "chunk" and (msg.chunk.prompt_token_ids or msg.chunk.prompt_logprobs):
+            if kind == "chunk" and is_prompt(msg.chunk):
                 return self._number(msg, p)
             self._ahead[p] = msg
         while self._final is None:

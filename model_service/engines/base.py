@@ -80,6 +80,11 @@ class Engine(abc.ABC):
     def stats(self) -> EngineStats:
         """Current load, taken from the engine itself."""
 
+    async def prompt_text(self, request: GenerationRequest) -> str:
+        """The request's prompt as text, as the engine gets it (chat template applied; a
+        prompt given as ids decoded). The default: a raw prompt as it is, else none."""
+        return request.prompt or ""
+
     def check(self, request: GenerationRequest) -> None:
         """Refuse, with `errors.InvalidArgument` naming the field, what the engine cannot
         honour (a constraint its grammar backend cannot compile, a sampling option it

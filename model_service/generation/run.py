@@ -200,8 +200,11 @@ class Generation:
     def _append_prompt(self, logprobs: list[TokenLogprob] | None) -> None:
         """The prompt's message (its ids, its logprobs, as asked), serialized at once so
         that no token merges into it."""
-        ids = self.request.prompt_token_ids if self.request.return_prompt_tokens else None
-        self._append(messages.prompt_to_pb(self.request_id, len(self.log), ids, logprobs))
+        req = self.request
+        ids = req.prompt_token_ids if req.return_prompt_tokens else None
+        msg = messages.prompt_to_pb(self.request_id, len(self.log), ids, logprobs)
+        msg.chunk.prompt_text = req.prompt_text or ""
+        self._append(msg)
         self.log.take(len(self.log) - 1)
 
     def _append_tokens(self, out: EngineOutput) -> None:
@@ -265,7 +268,8 @@ class Generation:
         """Drive the engine to the end; every outcome ends the log with a final message."""
         self._started = True
         try:
-            if self.request.return_prompt_tokens and not self._prompt_due:
+            req = self.request
+            if (req.return_prompt_tokens or req.prompt_text is not None) and not self._prompt_due:
                 self._append_prompt(None)
             reason, stop = await self._drive()
             self._final(reason, stop=stop)

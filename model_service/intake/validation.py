@@ -56,7 +56,7 @@ def _validate_input(req: GenerationRequest, model: ModelInfo, limits: LimitsConf
             raise InvalidArgument("chat.messages", f"more than {limits.max_messages} messages")
         size = 0
         for i, m in enumerate(req.messages):
-            if m.role not in ROLES:
+            if m.role not in ROLES and m.role not in limits.chat_roles:
                 raise InvalidArgument(
                     f"chat.messages[{i}].role",
                     f"unknown role {m.role[:32]!r}; use one of {sorted(ROLES)}",

@@ -205,9 +205,11 @@ def test_a_batch_carries_each_prompts_echo_and_ids(client: openai.OpenAI, sim: S
     assert [c.text for c in echoed.choices] == [
         p + c.text for p, c in zip(BATCH[:2], plain.choices, strict=True)
     ]
-    assert [c.logprobs.tokens if c.logprobs else None for c in echoed.choices] == [
-        words(p) for p in BATCH[:2]
-    ]
+    got = []
+    for p, c in zip(BATCH[:2], echoed.choices, strict=True):
+        tokens = c.logprobs.tokens if c.logprobs and c.logprobs.tokens else []
+        got.append((tokens[: len(words(p))], "".join(tokens[len(words(p)) :])))
+    assert got == [(words(p), c.text) for p, c in zip(BATCH[:2], plain.choices, strict=True)]
     streamed: dict[int, str] = {}
     for chunk in client.completions.create(echo=True, logprobs=0, stream=True, **kw):
         for c in chunk.choices:
@@ -243,3 +245,101 @@ def test_a_refused_prompt_refuses_the_batch(client: openai.OpenAI) -> None:
                 model="", prompt=[[1, 2], [1 << 17]], max_tokens=2, stream=stream
             )
         assert "vocabulary" in str(info.value)
+
+
+# -- the Responses API: output logprobs, vLLM's response messages ------------------------
+
+LOGPROBS = ["message.output_text.logprobs"]
+
+
+def _lp(entries: Any) -> list[Any]:
+    return [e.model_dump() for e in entries or ()]
+
+
+def test_responses_output_logprobs_equal_chats_streamed_and_not(client: openai.OpenAI) -> None:
+    """`include: ["message.output_text.logprobs"]` with `top_logprobs`: the text part's
+    logprobs are the chat API's for the same greedy request, token for token; streamed,
+    the deltas' logprobs add up to them and `output_text.done` carries them all."""
+    q = "Tell me about rivers"
+    chat = client.chat.completions.create(
+        model="", messages=[{"role": "user", "content": q}], max_tokens=6, temperature=0,
+        logprobs=True, top_logprobs=2,
+    )  # fmt: skip
+    assert chat.choices[0].logprobs is not None
+    want = _lp(chat.choices[0].logprobs.content)
+    assert len(want) == 6 and all(len(e["top_logprobs"]) == 2 for e in want)
+    kw: Any = {"model": "", "input": q, "max_output_tokens": 6, "temperature": 0}
+    whole = client.responses.create(include=LOGPROBS, top_logprobs=2, **kw)  # type: ignore[arg-type]
+    part = whole.output[0].content[0]  # type: ignore[union-attr]
+    assert (part.text, _lp(part.logprobs)) == (chat.choices[0].message.content, want)  # type: ignore[union-attr]
+    deltas: list[Any] = []
+    done: list[Any] = []
+    for ev in client.responses.create(include=LOGPROBS, top_logprobs=2, stream=True, **kw):  # type: ignore[arg-type]
+        if ev.type == "response.output_text.delta":
+            deltas += _lp(ev.logprobs)
+        elif ev.type == "response.output_text.done":
+            done = _lp(ev.logprobs)
+    assert (deltas, done) == (want, want)
+    plain = client.responses.create(top_logprobs=2, **kw)
+    assert plain.output[0].content[0].logprobs is None  # type: ignore[union-attr]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.create(include=["no.such.thing"], **kw)  # type: ignore[list-item]
+    assert info.value.param == "include[0]"
+
+
+def test_enable_response_messages_gives_the_prompt_and_output_as_text_and_ids(
+    client: openai.OpenAI, sim: Stack
+) -> None:
+    """vLLM's `enable_response_messages`: `input_messages` is the rendered prompt (text
+    and ids, as the render endpoint gives them), `output_messages` the output's text and
+    ids; on the whole response and the stream's last event (`response.incomplete` here:
+    cut by max_output_tokens)."""
+    q = [{"role": "user", "content": "Tell me about rivers"}]
+    ids = _rendered(sim, "chat/completions", {"messages": q})
+    kw: Any = {"model": "", "input": q, "max_output_tokens": 5, "temperature": 0}
+    extra_body = {"enable_response_messages": True}
+    whole = client.responses.create(extra_body=extra_body, **kw)
+    got = extra(whole)
+    rendered = "<|user|> Tell me about rivers\n<|assistant|>"
+    assert got["input_messages"] == [
+        {"message": rendered, "tokens": ids, "type": "raw_message_tokens"}
+    ]
+    [out] = got["output_messages"]
+    assert whole.usage is not None
+    assert (out["message"], len(out["tokens"])) == (whole.output_text, whole.usage.output_tokens)
+    completed = [
+        ev.response
+        for ev in client.responses.create(stream=True, extra_body=extra_body, **kw)
+        if ev.type in ("response.completed", "response.incomplete")
+    ]
+    assert [extra(r)["input_messages"] for r in completed] == [got["input_messages"]]
+    assert [extra(r)["output_messages"] for r in completed] == [got["output_messages"]]
+    assert "input_messages" not in extra(client.responses.create(**kw))
+
+
+# -- custom chat roles ------------------------------------------------------------------
+
+
+def test_a_role_the_template_defines_passes_with_chat_role(client: openai.OpenAI) -> None:
+    """Without `--chat-role` an unknown role is a 400 naming it; with it (edge and worker)
+    the role reaches the template (the sim writes `<|role|>` turns) and is answered."""
+    messages: Any = [*ASK, {"role": "ipython", "content": "42"}]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="", messages=messages, max_tokens=2)
+    assert info.value.param == "messages[1].role"
+    with stack(("--chat-role", "ipython"), ("--chat-role", "ipython")) as s:
+        got = httpx.post(
+            f"{s.base}/v1/chat/completions/render", json={"messages": messages}, timeout=10
+        ).json()["token_ids"]
+        from model_service.engines.sim.text import tokenize
+
+        text = "<|user|> What is the weather in Paris?\n<|ipython|> 42\n<|assistant|>"
+        assert got == tokenize(text)
+        with openai.OpenAI(base_url=f"{s.base}/v1", api_key="none", max_retries=0) as c:
+            answer = c.chat.completions.create(model="", messages=messages, max_tokens=2)
+            assert answer.choices[0].finish_reason == "length"
+            with pytest.raises(openai.BadRequestError) as info:
+                c.chat.completions.create(
+                    model="", messages=[{"role": "tool_x", "content": "a"}], max_tokens=2
+                )
+            assert info.value.param == "messages[0].role"

@@ -23,6 +23,7 @@ from model_service.engines.sim.text import (
     chat_template,
     find_stop,
     prompt_logprobs,
+    token_logprob,
     tokenize,
     with_calls,
     word_id,
@@ -50,6 +51,7 @@ class _SimRequest:
     scheduled_at: float | None = None
     cached: int = 0  # prompt tokens served from the prefix cache
     prompt_logprobs: list[TokenLogprob] | None = None  # asked for: on the first output
+    logprobs: list[TokenLogprob] | None = None  # the next token's, when asked for
 
 
 class SimEngine(Engine):
@@ -107,6 +109,9 @@ class SimEngine(Engine):
                 pairs.insert(0, ("tools", " ".join(t.name for t in request.tools)))
             return chat_template(tuple(pairs), request.add_generation_prompt)
         return request.prompt or ""
+
+    async def prompt_text(self, request: GenerationRequest) -> str:
+        return self._prompt_text(request)
 
     def _prompt_logprobs(
         self, request: GenerationRequest, ids: list[int]
@@ -288,6 +293,8 @@ class SimEngine(Engine):
                 else:
                     tid = rng.below(len(VOCAB))
                     word = " " + VOCAB[tid]
+                if sp.logprobs is not None:
+                    req.logprobs = [token_logprob(tid, word, n, sp.logprobs)]
                 if tid in sp.stop_token_ids:  # a stop token ends it, its text unsent
                     yield self._out(text[emitted:], [tid], prompt, n, FinishReason.STOP, req)
                     return
@@ -323,6 +330,7 @@ class SimEngine(Engine):
         stop: str = "",
     ) -> EngineOutput:
         prompt_lps, req.prompt_logprobs = req.prompt_logprobs, None
+        lps, req.logprobs = (req.logprobs, None) if ids else (None, req.logprobs)
         return EngineOutput(
             text=text,
             token_ids=ids,
@@ -332,5 +340,6 @@ class SimEngine(Engine):
             stop_sequence=stop,
             cached_prompt_tokens=req.cached,
             prompt_logprobs=prompt_lps,
+            logprobs=lps,
             scheduled_at=req.scheduled_at,
         )

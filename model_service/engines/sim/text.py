@@ -34,17 +34,22 @@ def words(text: str) -> list[str]:
     return _WORD_RE.findall(text)
 
 
+def token_logprob(tid: int, text: str, pos: int, k: int) -> TokenLogprob:
+    """The sim's logprob of a token it wrote at position `pos`: the most likely (rank 1),
+    then k - 1 vocabulary words less likely."""
+    lp = -((tid * 31 + pos) % 400) / 100 - 0.01
+    top = [TopLogprob(tid, text, lp)] if k else []
+    top += [TopLogprob(j, " " + VOCAB[j], lp - 1.0 - j) for j in range(k - 1)]
+    return TokenLogprob(tid, lp, tuple(top), text, rank=1)
+
+
 def prompt_logprobs(ids: list[int], texts: list[str] | None, k: int) -> list[TokenLogprob]:
     """The sim's prompt logprobs: each prompt token the most likely (rank 1, a logprob
     from its id and position), then k - 1 vocabulary words less likely; the first token
     has none. `texts`: the tokens' texts (None: a prompt given as ids, no text)."""
     out = [TokenLogprob(ids[0], 0.0, text=texts[0] if texts else "")] if ids else []
     for pos in range(1, len(ids)):
-        tid, text = ids[pos], texts[pos] if texts else ""
-        lp = -((tid * 31 + pos) % 400) / 100 - 0.01
-        top = [TopLogprob(tid, text, lp)] if k else []
-        top += [TopLogprob(j, " " + VOCAB[j], lp - 1.0 - j) for j in range(k - 1)]
-        out.append(TokenLogprob(tid, lp, tuple(top), text, rank=1))
+        out.append(token_logprob(ids[pos], texts[pos] if texts else "", pos, k))
     return out
 
 

@@ -138,11 +138,21 @@ class VllmEngine(Engine):
         tok = self._tokenizer
         if request.messages is None:
             return list(tok.encode(request.prompt or ""))
-        messages = [_template_message(m) for m in request.messages]
-        tools = [_template_tool(t) for t in request.tools] or None
-        text = chat_template.render(tok, messages, request, tools)
+        text = self._render(request)
         # The template already holds the special tokens; do not add a second BOS.
         return list(tok.encode(text, add_special_tokens=False))
+
+    def _render(self, request: GenerationRequest) -> str:
+        messages = [_template_message(m) for m in request.messages or ()]
+        tools = [_template_tool(t) for t in request.tools] or None
+        return chat_template.render(self._tokenizer, messages, request, tools)
+
+    async def prompt_text(self, request: GenerationRequest) -> str:
+        if request.messages is not None:
+            return self._render(request)
+        if request.prompt is not None:
+            return request.prompt
+        return str(self._tokenizer.decode(request.prompt_token_ids or []))
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
         return self._generate(request)
