@@ -45,11 +45,13 @@ class ChunkFormat:
         # vLLM's `return_token_ids` (set by the caller; its chunks are built as objects):
         # the prompt's ids once (the worker's first message), each chunk's own ids.
         self.token_ids = False
+        self.prompt_text = False  # chat: vLLM's `return_prompt_text` (set by the caller)
         # vLLM's `prompt_logprobs` (set by the caller): whether whole answers show them.
         self.show_prompt_logprobs = False
         self.prompt_first = False  # a prompt message per prompt comes before any token
-        # What each prompt's message brought (by prompt): its ids, its logprobs.
+        # What each prompt's message brought (by prompt): its ids, its logprobs, its text.
         self.prompt_ids: dict[int, list[int]] = {}
+        self.prompt_texts: dict[int, str] = {}
         self.prompt_lps: dict[int, list[pb.TokenLogprob]] = {}
         self._prompts_noted: set[int] = set()
         self._prompt_sent: set[int] = set()  # of choices (-1: the response's own)
@@ -96,6 +98,8 @@ class ChunkFormat:
             self.prompt_ids[p] = list(chunk.prompt_token_ids)
         if chunk.prompt_logprobs:
             self.prompt_lps[p] = list(chunk.prompt_logprobs)
+        if chunk.prompt_text:
+            self.prompt_texts[p] = chunk.prompt_text
         return True
 
     def _shown_prompt_logprobs(self, choice: int = 0) -> list[dict[str, Any] | None] | None:
@@ -117,7 +121,7 @@ class ChunkFormat:
     def opening_events(self, seq: int) -> list[Event]:
         """The event that opens a stream, if the format has one: with n > 1 one chunk
         holding every choice's opening (one event, so one id to resume after)."""
-        if self.n == 1 and not self.token_ids:
+        if self.n == 1 and not self.token_ids and not self.prompt_text:
             first = self.opening()
             return [] if first is None else [(None, first)]
         choices = [self._open_choice(c) for c in range(self.n)]
@@ -137,6 +141,9 @@ class ChunkFormat:
         obj = {**self._obj, "choices": choices}
         if self.prompt_top and (ids := self._prompt_ids_once(-1)) is not None:
             obj["prompt_token_ids"] = ids
+        if self.prompt_text and -2 not in self._prompt_sent:  # vLLM's: the first chunk
+            self._prompt_sent.add(-2)
+            obj["prompt_text"] = self.prompt_texts.get(0, "")
         if usage is not None:
             obj["usage"] = usage_dict(usage)
         elif self.include_usage:
@@ -204,6 +211,7 @@ class ChunkFormat:
         if self.prompt_top:
             out["prompt_logprobs"] = self._shown_prompt_logprobs()
             out["prompt_token_ids"] = self._prompt_ids()
+            out["prompt_text"] = self.prompt_texts.get(0, "") if self.prompt_text else None
         return out
 
     def delta(self, text: str, logprobs: list[dict[str, Any]] | None) -> bytes:

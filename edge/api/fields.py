@@ -128,7 +128,7 @@ CHAT: dict[str, Field] = {
     "documents": served("vLLM's: for templates that take them"),
     "mm_processor_kwargs": refused(_NO_MM, {}),
     "media_io_kwargs": refused(_NO_MM, {}),
-    "return_prompt_text": refused("not in the contract", False),
+    "return_prompt_text": served("vLLM's: the rendered prompt, `prompt_text` (streamed: first)"),
     "functions": refused("use `tools`", []),
     "function_call": refused("use `tool_choice`"),
     "audio": refused(_NO_MM),

@@ -148,7 +148,7 @@ async def _prepare(state: EdgeState, request: Request, kind: Kind) -> Prepared:
 def _format(kind: Kind, request_id: str, model: str, req: GenRequest) -> Format:
     """The renderer of an endpoint's events and whole responses."""
     created = created_at(request_id)
-    batch = len(req.batch or "x")
+    batch = len(req.batch) if req.batch else 1
     if kind == "responses":
         responses = ResponsesFormat(request_id, model, created, req.echo)
         responses.messages = req.return_prompt_text
@@ -156,7 +156,9 @@ def _format(kind: Kind, request_id: str, model: str, req: GenRequest) -> Format:
     fmt = make_format(kind, request_id, model, created, req.include_usage, req.n * batch)
     fmt.per_prompt = req.n
     fmt.continuous_usage = req.continuous_usage
-    fmt.token_ids = fmt.prompt_first = req.return_token_ids
+    fmt.token_ids = req.return_token_ids
+    fmt.prompt_text = req.return_prompt_text
+    fmt.prompt_first = req.return_token_ids or req.return_prompt_text
     fmt.show_prompt_logprobs = req.show_prompt_logprobs
     if isinstance(fmt, ChatFormat):
         fmt.role, fmt.echo = req.role, req.echo_text
@@ -267,6 +269,7 @@ async def generate(state: EdgeState, request: Request, kind: Kind) -> Response |
         or bool(req.tools)
         or req.continuous_usage
         or req.return_token_ids
+        or req.return_prompt_text
         or req.prompt_logprobs is not None
         or req.echo_prompt
         or kind == "responses",

@@ -335,6 +335,7 @@ def parse_chat(body: dict[str, Any], roles: Collection[str] = ()) -> GenRequest:
         raise invalid("top_logprobs", "'top_logprobs' needs 'logprobs' set to true")
     req.logprobs = (top or 0) if logprobs else None
     prompt_logprobs.ask(body, req, (top or 0) if _bool(body, "echo") else None)
+    req.return_prompt_text = bool(_bool(body, "return_prompt_text"))
     return req
 
 
@@ -387,7 +388,7 @@ def most_tokens(req: GenRequest) -> int:
         chars = sum(len(m.content) for m in req.messages)
     else:
         chars = prompt_chars(req)
-    choices = max(1, req.n) * len(req.batch or "x")
+    choices = max(1, req.n) * (len(req.batch) if req.batch else 1)
     return (req.max_tokens or UNBOUNDED_RESERVE) * choices + chars // 4 + 1
 
 

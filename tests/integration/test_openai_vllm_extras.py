@@ -343,3 +343,15 @@ def test_a_role_the_template_defines_passes_with_chat_role(client: openai.OpenAI
                     model="", messages=[{"role": "tool_x", "content": "a"}], max_tokens=2
                 )
             assert info.value.param == "messages[0].role"
+
+
+def test_chat_return_prompt_text_is_the_rendered_prompt(client: openai.OpenAI) -> None:
+    """vLLM's `return_prompt_text`: the chat template's rendering on the whole response
+    (null when not asked) and on the stream's first chunk only."""
+    rendered = "<|user|> What is the weather in Paris?\n<|assistant|>"
+    kw: Any = {"model": "", "messages": ASK, "max_tokens": 2}
+    asked = {"return_prompt_text": True}
+    assert extra(client.chat.completions.create(extra_body=asked, **kw))["prompt_text"] == rendered
+    assert extra(client.chat.completions.create(**kw))["prompt_text"] is None
+    chunks = list(client.chat.completions.create(stream=True, extra_body=asked, **kw))
+    assert [extra(c).get("prompt_text") for c in chunks] == [rendered] + [None] * (len(chunks) - 1)
