@@ -59,7 +59,8 @@ async def test_generations_are_read_in_turn_as_one_choice_list() -> None:
 async def test_the_prompts_messages_come_first() -> None:
     def prompt_then(text: str, ids: list[int], rid: str) -> ScriptedCall:
         call = _call(Accept(), Chunk(text), End(prompt=len(ids)), rid=rid)
-        first = pb.GenerateResponse(request_id=rid)
+        first: pb.GenerateResponse | None = pb.GenerateResponse(request_id=rid)
+        assert first is not None
         first.chunk.prompt_token_ids.extend(ids)
         original = call.read
 
