@@ -104,6 +104,12 @@ class VllmOptions:
         "how vLLM starts its ranks: mp (one node) or ray (a Ray cluster, many nodes)",
         choices=EXECUTORS,
     )
+    openai_port_file: str = option(
+        "",
+        "--vllm-openai-port-file",
+        "test only: also serve vLLM's own OpenAI server over this engine on 127.0.0.1 "
+        "(no admission), its port written to this file",
+    )
     otlp_traces_endpoint: str = ""  # vLLM's own tracing: the worker's --otlp-endpoint
     extra_args: dict[str, object] = field(default_factory=dict)
 

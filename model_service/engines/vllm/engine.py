@@ -59,6 +59,7 @@ class VllmEngine(Engine):
         self._collector = StatsCollector(config.max_num_seqs)
         self._info: ModelInfo | None = None
         self._tokenize_pool = ThreadPoolExecutor(1, thread_name_prefix="sluice-tokenize")
+        self._openai: Any = None  # vLLM's own OpenAI server (test only)
 
     async def start(self) -> None:
         from model_service.engines.vllm.args import build_engine_args, describe
@@ -77,6 +78,14 @@ class VllmEngine(Engine):
         self._info = self._model_info(self._llm)
         await self._llm.get_supported_tasks()  # starts vLLM's output tasks on this loop
         await self._warm_up()
+        if self.config.vllm.openai_port_file:  # test only: vLLM's server beside ours
+            from model_service.engines.vllm.openai_app import VllmOpenAIServer
+
+            self._openai = VllmOpenAIServer()
+            try:
+                await self._openai.start(self._llm, self.config, self.config.vllm.openai_port_file)
+            except Exception:  # the worker serves on; only the side-by-side checks fail
+                log.exception("vLLM's own OpenAI server (test only) did not start")
         log.info(
             "vLLM ready: max_model_len %d, max_num_seqs %d",
             self._info.max_model_len,
@@ -110,6 +119,8 @@ class VllmEngine(Engine):
         log.info("vLLM warm-up took %.1fs", time.monotonic() - started)
 
     async def stop(self) -> None:
+        if self._openai is not None:
+            await self._openai.stop()
         llm, self._llm = self._llm, None
         if llm is not None:
             llm.shutdown()
