@@ -200,6 +200,8 @@ class ChunkFormat:
             got = self._collected.get(i) or Collected(logprobs)
             reason = reasons.get(i, "stop")
             fields = self.choice(got.text, got.logprobs, got.tool_calls(reason), i)
+            if got.reasoning and "message" in fields:  # chat: the thinking beside the answer
+                fields["message"]["reasoning_content"] = "".join(got.reasoning)
             choice = {"index": i, **fields, "finish_reason": reason}
             if not self.prompt_top:  # vLLM's fields, null when not asked
                 choice["prompt_logprobs"] = self._shown_prompt_logprobs(i)

@@ -12,7 +12,7 @@ import orjson
 from edge.api.choices import logprob_entries, tool_call_delta
 from edge.api.chunks import ChunkFormat
 from edge.api.prompt_logprobs import echo_entries
-from edge.api.schema import Kind
+from edge.api.schema import GenRequest, Kind
 from edge.stream.job import Event
 from generated import sluice_pb2 as pb
 
@@ -67,6 +67,8 @@ class ChatFormat(ChunkFormat):
 
     def _choice_delta(self, chunk: pb.TokenChunk, logprobs: Any) -> dict[str, Any] | None:
         delta: dict[str, Any] = {}
+        if chunk.reasoning:  # the model's thinking, as vLLM's reasoning parsers split it
+            delta["reasoning_content"] = chunk.reasoning
         if chunk.text:
             delta["content"] = chunk.text
         if chunk.tool_calls:
@@ -237,3 +239,25 @@ def make_format(
     if kind == "chat":
         return ChatFormat(f"chatcmpl-{request_id}", model, created, include_usage, n)
     return CompletionFormat(f"cmpl-{request_id}", model, created, include_usage, n)
+
+
+def format_for(
+    kind: Kind, request_id: str, model: str, created: int, req: GenRequest
+) -> ChunkFormat:
+    """The renderer of a chat or completions request, set up for what it asks (a batch's
+    choices, vLLM's token ids, prompt text and logprobs, echo)."""
+    batch = len(req.batch) if req.batch else 1
+    fmt = make_format(kind, request_id, model, created, req.include_usage, req.n * batch)
+    fmt.per_prompt = req.n
+    fmt.continuous_usage = req.continuous_usage
+    fmt.token_ids = req.return_token_ids
+    fmt.prompt_text = req.return_prompt_text
+    fmt.prompt_first = req.return_token_ids or req.return_prompt_text
+    fmt.show_prompt_logprobs = req.show_prompt_logprobs
+    if isinstance(fmt, ChatFormat):
+        fmt.role, fmt.echo = req.role, req.echo_text
+    elif isinstance(fmt, CompletionFormat) and req.echo_prompt:
+        fmt.echo = [p for p in req.prompts() if isinstance(p, str)]
+        fmt.echo_logprobs = req.logprobs is not None
+        fmt.prompt_first = fmt.prompt_first or fmt.echo_logprobs
+    return fmt

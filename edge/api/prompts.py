@@ -4,9 +4,13 @@ served as one generation per prompt, its choices numbered prompt by prompt."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from edge.errors import invalid
+from edge.routing.prefix import Prompt as Routed
+from edge.upstream.batch import BatchCall
+from edge.upstream.calls import UpstreamCall
 from generated import sluice_pb2 as pb
 
 UINT32_MAX = 2**32 - 1
@@ -63,3 +67,22 @@ def start_for(start: pb.StartGeneration, i: int, prompt: Prompt) -> pb.StartGene
         one.ClearField("prompt_tokens")
         one.prompt_tokens.ids.extend(prompt)
     return one
+
+
+def routed(prompt: Prompt) -> str:
+    """A prompt as routing hashes it (token ids as text: a shared id prefix is a shared
+    prefix)."""
+    return prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
+
+
+def batch_call(
+    start: pb.StartGeneration,
+    batch: list[Prompt],
+    n: int,
+    call: Callable[[pb.StartGeneration, Routed], UpstreamCall],
+) -> BatchCall:
+    """A batch's generations (`call` makes each one's, routed by its own prompt) as one
+    `BatchCall`, each generation's prompt message first when the start asks for one."""
+    calls = [call(start_for(start, i, p), Routed(None, routed(p))) for i, p in enumerate(batch)]
+    asks = start.return_prompt_tokens or start.sampling.HasField("prompt_logprobs")
+    return BatchCall(calls, n, prompt_messages=asks)

@@ -1,7 +1,7 @@
 """OpenAI's Responses API (`POST /v1/responses`): the response as named SSE events or one
-`response` object (the request: `edge.api.responses_request`). No responses are kept;
-each event depends on all before it, so a resume replays from the start
-(`replay_from_start`)."""
+`response` object (the request: `edge.api.responses_request`; `store: true` keeps it:
+`edge.api.stored`). Each event depends on all before it, so a resume replays from the
+start (`replay_from_start`)."""
 
 from __future__ import annotations
 
@@ -72,6 +72,7 @@ class ResponsesFormat:
         self._items: list[dict[str, Any]] = []  # output items, the last one may be open
         self._open = False
         self._calls: dict[int, dict[str, Any]] = {}  # call index -> its item
+        self.final: dict[str, Any] | None = None  # the finished response (`store: true`)
         # vLLM's `enable_response_messages` (set by the caller): the prompt as its message
         # brought it, the output's text and ids so far.
         self.messages = False
@@ -116,6 +117,10 @@ class ResponsesFormat:
             lps = part.get("logprobs", [])
             self._ev(out, seq, "response.output_text.done", **ids, text=part["text"], logprobs=lps)
             self._ev(out, seq, "response.content_part.done", **ids, part=part)
+        elif item["type"] == "reasoning":
+            ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
+            text = item["content"][0]["text"]
+            self._ev(out, seq, "response.reasoning_text.done", **ids, text=text)
         else:
             args = item["arguments"]
             ids = {"item_id": item["id"], "output_index": index}
@@ -127,7 +132,7 @@ class ResponsesFormat:
         self._items.append(item)
         self._open = True
         index = len(self._items) - 1
-        added = {**item, "content": []} if item["type"] == "message" else item
+        added = {**item, "content": []} if item["type"] in ("message", "reasoning") else item
         self._ev(out, seq, "response.output_item.added", output_index=index, item=added)
         if item["type"] == "message":
             part = {"type": "output_text", "text": "", "annotations": []}
@@ -139,6 +144,19 @@ class ResponsesFormat:
     def delta(self, text: str, logprobs: Any) -> bytes:
         raise NotImplementedError("Responses streams are rendered through `events`")
 
+    def _reasoning(self, out: list[Event], seq: int, text: str) -> None:
+        """The model's thinking: a `reasoning` item (its text as `reasoning_text`)."""
+        item = self._items[-1] if self._open else None
+        if item is None or item["type"] != "reasoning":
+            n = sum(1 for i in self._items if i["type"] == "reasoning")
+            self._add(out, seq, {"id": f"rs_{self._rid}_{n}", "type": "reasoning", "summary": [],
+                                 "content": [{"type": "reasoning_text", "text": ""}],
+                                 "status": "in_progress"})  # fmt: skip
+            item = self._items[-1]
+        item["content"][0]["text"] += text
+        ids = {"item_id": item["id"], "output_index": len(self._items) - 1, "content_index": 0}
+        self._ev(out, seq, "response.reasoning_text.delta", **ids, delta=text)
+
     def events(self, chunk: pb.TokenChunk, logprobs: Any, seq: int) -> list[Event]:
         out: list[Event] = []
         if self.note_prompt(chunk):
@@ -146,6 +164,8 @@ class ResponsesFormat:
         if self.messages:
             self._output[0].append(chunk.text)
             self._output[1].extend(chunk.token_ids)
+        if chunk.reasoning:
+            self._reasoning(out, seq, chunk.reasoning)
         if chunk.text:
             item = self._items[-1] if self._open else None
             if item is None or item["type"] != "message":
@@ -184,10 +204,9 @@ class ResponsesFormat:
     def ending(self, final: pb.Final, seq: int) -> list[Event]:
         out: list[Event] = []
         self._close(out, seq)
-        if final.reason == pb.FINISH_REASON_LENGTH:
-            self._ev(out, seq, "response.incomplete", response=self._response("incomplete", final))
-        else:
-            self._ev(out, seq, "response.completed", response=self._response("completed", final))
+        status = "incomplete" if final.reason == pb.FINISH_REASON_LENGTH else "completed"
+        self.final = self._response(status, final)
+        self._ev(out, seq, f"response.{status}", response=self.final)
         return out
 
     # -- whole responses ----------------------------------------------------------------
@@ -201,4 +220,5 @@ class ResponsesFormat:
     def whole(self, final: pb.Final, logprobs: bool) -> dict[str, Any]:
         self._close([], 0)
         status = "incomplete" if final.reason == pb.FINISH_REASON_LENGTH else "completed"
-        return self._response(status, final)
+        self.final = self._response(status, final)
+        return self.final

@@ -13,7 +13,8 @@ from edge.errors import invalid
 from generated import sluice_pb2 as pb
 
 _ROLES = frozenset({"system", "developer", "user", "assistant"})
-_ECHO = ("temperature", "top_p", "max_output_tokens", "instructions", "metadata", "user")
+_ECHO = ("temperature", "top_p", "max_output_tokens", "instructions", "metadata", "user",
+         "previous_response_id")  # fmt: skip
 LOGPROBS = "message.output_text.logprobs"
 # OpenAI's `include` values: the rest name what never appears here (reasoning, files,
 # built-in tools, images), so they change nothing.
@@ -171,6 +172,10 @@ def parse_responses(body: dict[str, Any]) -> GenRequest:
     req.echo["tool_choice"] = body.get("tool_choice") or "auto"
     req.echo["parallel_tool_calls"] = True if parallel is None else parallel
     req.echo["text"] = body.get("text") or {"format": {"type": "text"}}
+    store = body.get("store")
+    if store is not None and not isinstance(store, bool):
+        raise invalid("store", "'store' must be a boolean")
+    req.echo["store"] = bool(store)  # kept only when asked (OpenAI's default is true)
     _extras(body, req)
     return req
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from edge.upstream.calls import UpstreamCall
+from edge.upstream.calls import Sink, UpstreamCall
 from edge.upstream.worker import Worker
 from generated import sluice_pb2 as pb
 
@@ -61,7 +61,9 @@ class BatchCall:
                 call.cancel()
         return False
 
-    async def read(self) -> pb.GenerateResponse:
+    async def read(self, sink: Sink | None = None) -> pb.GenerateResponse:
+        """The next message of the batch (`sink` is not used: every message comes out
+        here, renumbered)."""
         if self._prompts_left:  # every prompt's message before any token
             p = len(self._calls) - self._prompts_left
             self._prompts_left -= 1

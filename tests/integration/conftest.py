@@ -54,6 +54,11 @@ def vllm_worker() -> Iterator[Proc]:
         # vLLM's own server over the same engine (test only; ~1 s at start-up).
         "--vllm-openai-port-file",
         str(VLLM_OPENAI_PORT),
+        # LoRA on (tests/integration/test_model_adapters.py loads adapters at run time).
+        "--max-loras",
+        "2",
+        "--max-lora-rank",
+        "8",
         startup_timeout=240,
     )
     yield w
