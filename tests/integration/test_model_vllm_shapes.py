@@ -161,10 +161,11 @@ STREAM = {
 }
 NULL_IDS = {("vllm", "choices[].token_ids: null")}
 # The Responses object: ours echoes OpenAI's (`error`, `text.format`, `metadata` {}, the
-# request's `top_p`), vLLM's adds its own (sampling values, per-turn usage, null fields
+# request's `top_p`, `store`), vLLM's adds its own (sampling values, per-turn usage, null fields
 # for stored state and reasoning) and `phase` on output items.
 RESPONSES = {
     ("ours", "error"),
+    ("ours", "store"),
     ("ours", "text.format"),
     ("ours", "text.format.type"),
     ("type", "metadata: object / null"),
@@ -175,7 +176,7 @@ RESPONSES = {
         ("vllm", name)
         for name in (
             "background", "ec_transfer_params", "frequency_penalty", "kv_transfer_params",
-            "max_tool_calls", "presence_penalty", "previous_response_id", "prompt",
+            "max_tool_calls", "presence_penalty", "prompt",
             "reasoning", "service_tier", "truncation",
             "usage.input_tokens_details.cache_write_tokens",
             "usage.input_tokens_details.cached_tokens_per_turn",
@@ -228,6 +229,7 @@ KNOWN: dict[str, set[tuple[str, str]]] = {
     "responses stream": {
         ("ours", "response.error: null"),
         ("ours", "response.metadata: object"),
+        ("ours", "response.store: boolean"),
         ("ours", "response.text.format.type: string"),
         ("ours", "response.text.format: object"),
         ("ours", "response.text: object"),
@@ -247,7 +249,6 @@ KNOWN: dict[str, set[tuple[str, str]]] = {
         ("vllm", "response.output[].phase: null"),
         ("vllm", "response.output_messages: null"),
         ("vllm", "response.presence_penalty: number"),
-        ("vllm", "response.previous_response_id: null"),
         ("vllm", "response.prompt: null"),
         ("vllm", "response.reasoning: null"),
         ("vllm", "response.service_tier: string"),
