@@ -32,6 +32,9 @@ class ServerConfig:
     port: int = option(8000, "--port", "port (0 picks a free one)")
     port_file: str = option("", "--port-file", "write the bound port here once listening")
     processes: int = option(1, "--processes", "edge processes (uvicorn workers)")
+    # Connections the kernel holds before the loop accepts them (capped by
+    # net.core.somaxconn): a burst of thousands of new streams must not overflow it.
+    backlog: int = option(8192, "--backlog", "pending connections to hold (listen backlog)")
     drain_grace_s: float = option(30.0, "--drain-grace", "seconds streams may finish on SIGTERM")
     # Kernel send buffer per client connection (SO_SNDBUF); 0 = the kernel's autotuning,
     # which lets each stalled SSE reader pin up to net.ipv4.tcp_wmem's maximum (often 4 MiB).
