@@ -41,9 +41,7 @@ class Placement:
     def choose(self, workers: Sequence[Worker], key: str, prompt: Prompt | None) -> Worker:
         """The worker for a new generation among `workers` (candidates, not empty)."""
         policy = self.policy
-        if policy == "kv_aware":
-            for w in workers:
-                w.follow_cache()
+        if policy == "kv_aware":  # the registry follows its workers' events
             if prompt is None:  # not a generation's pick (Tokenize, render): by load
                 return workers[least_loaded([w.load for w in workers], self._rng)]
             ids = prompt.token_ids
@@ -77,8 +75,8 @@ class Placement:
         loads = [w.load for w in workers]
         first = kvaware.usable(feeds)
         total = len(ids) // first.block_size if first is not None else 0
-        enough = kvaware.lone_winner(loads, total, self._params.load_weight)
-        hits = kvaware.held_prefix(ids, feeds, enough)
+        decided = kvaware.lone_holder(loads, total, self._params.load_weight)
+        hits = kvaware.held_prefix(ids, feeds, decided)
         i, reason = cache_aware(hits, total, loads, self._params, self._rng)
         self.decisions[f"kv_{reason}"] = self.decisions.get(f"kv_{reason}", 0) + 1
         return workers[i]

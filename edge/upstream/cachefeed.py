@@ -31,6 +31,7 @@ class CacheFeed:
         self.cap = cap
         self.held: dict[int, None] = {}
         self.layout: pb.CacheLayout | None = None
+        self.naming: tuple[int, bytes] | None = None  # (block size, seed) while live
         self.live = False
         self.epoch = 0  # counts the snapshots taken: what is held now began at the last
         self.events = 0  # messages applied
@@ -60,6 +61,7 @@ class CacheFeed:
             self.resets += 1
         self.held = {}
         self.live = False
+        self.naming = None
 
     async def _run(self, serving: asyncio.Event) -> None:
         backoff = BACKOFF_S[0]
@@ -94,6 +96,7 @@ class CacheFeed:
             self.held = dict.fromkeys(msg.stored)
             self.epoch += 1
             self.live = msg.layout.hash_algo == blocks.ALGO and msg.layout.block_size > 0
+            self.naming = (msg.layout.block_size, msg.layout.hash_seed) if self.live else None
         elif self.layout is None:
             return False  # changes before any snapshot: the stream is not ours
         else:

@@ -12,6 +12,7 @@ from edge.routing import kvaware
 from edge.routing.pools import PoolSpec
 from edge.routing.prefix import Prompt
 from edge.routing.registry import PoolRegistry
+from edge.routing.scores import CacheAware, cache_aware
 from edge.upstream.cachefeed import CacheFeed
 from edge.upstream.channel import ChannelFactory
 from edge.upstream.worker import SERVING, Worker
@@ -138,11 +139,33 @@ def test_the_walk_stops_once_a_lone_holder_wins() -> None:
     hashes = blocks.hashes(ids, 4, ROOT)
     feeds = [_feed(hashes), _feed(hashes[:2]), _feed([])]
     loads = [0.0, 0.0, 0.0]
-    enough = kvaware.lone_winner(loads, len(hashes), 0.5)
-    hits = kvaware.held_prefix(ids, feeds, enough)
+    decided = kvaware.lone_holder(loads, len(hashes), 0.5)
+    hits = kvaware.held_prefix(ids, feeds, decided)
     assert hits[1:] == [2, 0] and 2 < hits[0] < 10  # a lower bound: enough to win
-    busy = kvaware.lone_winner([4.0, 0.0, 0.0], len(hashes), 0.5)
+    busy = kvaware.lone_holder([4.0, 0.0, 0.0], len(hashes), 0.5)
     assert kvaware.held_prefix(ids, feeds, busy)[0] > 10  # load weighs: walk further
+    hopeless = kvaware.lone_holder([40.0, 0.0, 0.0], len(hashes), 0.5)
+    assert kvaware.held_prefix(ids, feeds, hopeless)[0] == 3  # cannot win even with all
+
+
+def test_stopping_early_never_changes_the_pick() -> None:
+    rng = random.Random(11)
+    params = CacheAware()
+    stopped = 0
+    for _ in range(300):
+        ids = [rng.randrange(4) for _ in range(4 * rng.randrange(1, 40))]
+        hashes = blocks.hashes(ids, 4, ROOT)
+        feeds = [_feed(hashes[: rng.randrange(len(hashes) + 1)]) for _ in range(4)]
+        loads = [float(rng.randrange(12)) for _ in feeds]
+        decided = kvaware.lone_holder(loads, len(hashes), params.load_weight)
+        cut, full = kvaware.held_prefix(ids, feeds, decided), kvaware.held_prefix(ids, feeds)
+        assert all(c <= f for c, f in zip(cut, full, strict=True))
+        stopped += cut != full
+        picks = [
+            cache_aware(h, len(hashes), loads, params, random.Random(1))[0] for h in (cut, full)
+        ]
+        assert picks[0] == picks[1]
+    assert stopped > 30  # the cases this is about happened
 
 
 def _registry(policy: str = "kv_aware") -> PoolRegistry:
