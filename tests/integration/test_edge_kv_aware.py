@@ -1,7 +1,8 @@
 """kv_aware through real processes: sim workers publish their prefix caches' events
 (`WatchCache`), an edge in a `kv_aware` pool follows them, and a conversation's next turn
-lands where its blocks are; a killed worker is dropped from the edge's picture at once,
-and comes back empty under a new instance."""
+lands where its blocks are, through this edge or another replica (both read the same
+events: no shared store needed); a killed worker is dropped from the edge's picture at
+once, and comes back empty under a new instance."""
 
 from __future__ import annotations
 
@@ -128,6 +129,32 @@ def test_a_next_turn_lands_where_its_blocks_are(fleet: tuple[Proc, list[Proc]]) 
     assert not {k for k in after if not k.startswith("kv_")}  # never fell back
     metrics = httpx.get(f"http://{edge.address}/metrics", headers=ADMIN, timeout=5).text
     assert "sluice_edge_worker_kv_blocks{" in metrics
+
+
+def test_another_replica_places_the_next_turn_where_the_first_one_did(
+    fleet: tuple[Proc, list[Proc]], tmp_path: Path
+) -> None:
+    edge, workers = fleet
+    addresses = ",".join(w.address for w in workers)
+    pools = tmp_path / "pools.json"
+    pools.write_text(json.dumps([{"name": "p", "workers": addresses.split(","),
+                                  "policy": "kv_aware"}]))  # fmt: skip
+    other = start_edge("--pools", str(pools), env={**EDGE_ENV, "SLUICE_ADMIN_KEY": ADMIN_KEY})
+    try:
+        wait_ready(f"http://{other.address}")
+        eventually(lambda: all(v["live"] for v in views(other).values()), what="events", timeout=5)
+        histories = [conversation(200 + i) for i in range(6)]
+        with ThreadPoolExecutor(6) as ex:
+            firsts = list(ex.map(lambda h: chat(edge, h), histories))
+        assert len({w for w, _, _ in firsts}) > 1
+        for history, (_, answer, _) in zip(histories, firsts, strict=True):
+            history += [{"role": "assistant", "content": answer}, {"role": "user", "content": "?"}]
+        with ThreadPoolExecutor(6) as ex:
+            seconds = list(ex.map(lambda h: chat(other, h), histories))
+        assert [w for w, _, _ in seconds] == [w for w, _, _ in firsts]
+        assert all(u["prompt_tokens_details"]["cached_tokens"] >= 200 for _, _, u in seconds)  # type: ignore[index]
+    finally:
+        other.kill()
 
 
 def test_a_killed_worker_is_dropped_at_once_and_comes_back_empty(tmp_path: Path) -> None:
