@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import pickle
 from collections.abc import Iterator, Sequence
+from itertools import islice
 
 ALGO = "sha256"  # vLLM's default `prefix_caching_hash_algo`, the one algorithm we compute
 DEFAULT_SEED = "vllm-none-hash"  # vLLM's seed when PYTHONHASHSEED is not set
@@ -42,3 +43,15 @@ def chain(token_ids: Sequence[int], block_size: int, root: bytes) -> Iterator[in
 def hashes(token_ids: Sequence[int], block_size: int, root: bytes) -> list[int]:
     """Every full block's hash (`chain`, all of it)."""
     return list(chain(token_ids, block_size, root))
+
+
+def trim(held: dict[int, None], cap: int) -> list[int]:
+    """Drop the oldest hashes of an insertion-ordered set past `cap` (an eighth more at
+    once: a dict's front is slow to find after many deletions there, so rarely and in
+    bulk), and return them."""
+    if len(held) <= cap:
+        return []
+    gone = list(islice(held, len(held) - cap + cap // 8))
+    for h in gone:
+        del held[h]
+    return gone

@@ -106,9 +106,7 @@ class CacheFeed:
             for h in msg.stored:
                 held.pop(h, None)
                 held[h] = None
-        held = self.held
-        while len(held) > self.cap:
-            del held[next(iter(held))]
+        blocks.trim(self.held, self.cap)
         return True
 
     def describe(self) -> dict[str, object]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field
 
+from sluice_common import blocks
 from sluice_common.wakeup import Wakeup
 
 DEFAULT_BACKLOG = 65_536  # changes a reader may have pending before it gets a snapshot
@@ -114,12 +115,8 @@ class CacheLog:
         for h in hashes:
             held.pop(h, None)
             held[h] = None
-        cap = self.layout.capacity_blocks
-        dropped: list[int] = []
-        while cap and len(held) > cap:  # events missed an eviction: trust the newest
-            h = next(iter(held))
-            del held[h]
-            dropped.append(h)
+        cap = self.layout.capacity_blocks  # past it, events missed evictions: trust the newest
+        dropped = blocks.trim(held, cap) if cap else []
         for r in self.readers:
             r._store(hashes)
             if dropped:

@@ -89,6 +89,9 @@ def test_the_log_is_bounded_by_the_caches_capacity() -> None:
     log = _log(capacity=3)
     log.stored([1, 2, 3, 4, 5])
     assert list(log.held) == [3, 4, 5]
+    big: dict[int, None] = dict.fromkeys(range(20))
+    assert blocks.trim(big, 16) == list(range(6))  # in bulk: an eighth of the cap more
+    assert list(big) == list(range(6, 20)) and blocks.trim(big, 16) == []
 
 
 def _events(seq: int, snapshot: bool = False, stored=(), removed=(), **layout) -> pb.CacheEvents:  # type: ignore[no-untyped-def]
