@@ -33,6 +33,7 @@ OVERHEAD_TARGETS = ("grpc", "sse", "router")
 # routing mode (scripts/bench/routing.py): our edge's policies and vllm-router's cache_aware.
 ROUTING_TARGETS = (
     "cache_aware", "kv_aware", "session", "session-key", "least_load", "random", "router",
+    "cache_aware-x2", "kv_aware-x2",
 )  # fmt: skip
 
 
