@@ -70,6 +70,9 @@ class VllmEngine(Engine):
             from model_service.engines.vllm.tools import parser_class
 
             parser_class(self.config.vllm.tool_call_parser)
+        if self._events is not None and self.config.vllm.data_parallel_size > 1:
+            # vLLM offsets a publisher's endpoint per rank for tcp and inproc only.
+            raise RuntimeError("--kv-events works with --data-parallel-size 1 only")
         args = build_engine_args(self.config)
         if self._events is not None:
             args.kv_events_config = self._events.engine_config()
