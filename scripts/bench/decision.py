@@ -97,16 +97,26 @@ def _live(reg: PoolRegistry) -> None:
         w.cache.apply(msg)
 
 
+def _tokens(prompts: list[list[tuple[str, str]]]) -> tuple[list[list[int]], list[list[int]]]:
+    """Each conversation's ids and block hashes (what its worker's events will report)."""
+    ids = [_ids(m) for m in prompts]
+    root = blocks.seed_hash(blocks.DEFAULT_SEED)
+    return ids, [blocks.hashes(x, BLOCK, root) for x in ids]
+
+
 def _time(
-    reg: PoolRegistry, prompts: list[list[tuple[str, str]]], calls: int
+    reg: PoolRegistry,
+    prompts: list[list[tuple[str, str]]],
+    calls: int,
+    tokens: tuple[list[list[int]], list[list[int]]] | None = None,
 ) -> tuple[list[float], float]:
-    """Wall µs of each call, and CPU µs per call over them all (the picks only)."""
+    """Wall µs of each call, and CPU µs per call over them all (the picks only);
+    `tokens` (kv_aware): each conversation's ids and block hashes."""
     out = []
     clock, cpu = time.perf_counter_ns, time.thread_time_ns
     running: deque[Worker] = deque()
-    kv = reg.routes_on_tokens()
-    ids = [_ids(m) for m in prompts] if kv else []
-    held = [blocks.hashes(x, BLOCK, blocks.seed_hash(blocks.DEFAULT_SEED)) for x in ids]
+    kv = tokens is not None
+    ids, held = tokens if tokens is not None else ([], [])
     cpu_ns = 0
     for i in range(calls):
         k = i % len(prompts)
@@ -144,12 +154,14 @@ async def measure(workers: int, calls: int = CALLS) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for size in SIZES:
         prompts = [_conversation(rng, systems[i % 8], size) for i in range(CONVERSATIONS)]
+        tokens = _tokens(prompts) if "kv_aware" in POLICIES else None
         for policy in POLICIES:
             reg = _registry(workers, policy)
-            if policy == "kv_aware":
+            kv = tokens if policy == "kv_aware" else None
+            if kv is not None:
                 _live(reg)
-            _time(reg, prompts, CONVERSATIONS)  # warm: every conversation seen once
-            batches = [_time(reg, prompts, calls) for _ in range(REPEATS)]
+            _time(reg, prompts, CONVERSATIONS, kv)  # warm: every conversation seen once
+            batches = [_time(reg, prompts, calls, kv) for _ in range(REPEATS)]
             results[f"{policy} {size} chars"] = _summary(batches)
             await reg.close()
     return results
