@@ -35,7 +35,7 @@ import grpc
 import orjson
 from starlette.types import Message, Receive, Scope, Send
 
-from edge.errors import ApiError, from_status, internal_error
+from edge.errors import ApiError, Dialect, dialect_of, from_status, internal_error
 from edge.obs.record import RequestRecord, record_of
 from edge.stream import sse
 from edge.stream.ids import PART_DONE, Origin
@@ -93,16 +93,18 @@ class GenerationResponse:
         self._last_event_ns = 0  # ... of the last token event
         self._t0_ns = time.perf_counter_ns()
         self._record: RequestRecord | None = None
+        self._dialect: Dialect = "openai"  # the error shape of the API called
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         job, metrics = self.job, self.job.metrics
         rec = self._record = record_of(scope)
-        rec.request_id, rec.trace_id = job.request_id, job.trace_id
+        rec.request_id, rec.trace_id, rec.model = job.request_id, job.trace_id, job.model
+        self._dialect = dialect_of(scope.get("path", ""))
         if job.stream and scope.get("http_version") == "1.0":
             # An HTTP/1.0 client cannot read a chunked body, and uvicorn cannot send a
             # close-delimited one: say so before anything starts.
             self.call.cancel()
-            await self._send_json(send, 505, HTTP10_STREAM.json())
+            await self._send_json(send, 505, HTTP10_STREAM.json(self._dialect))
             return
         metrics.stream_started()
         if job.resumed:
@@ -122,6 +124,7 @@ class GenerationResponse:
             task.uncancel()  # our own cancel (the client left), not the server's
             metrics.client_disconnects[rec.route] += 1
         finally:
+            rec.worker = self.call.worker.key
             self._running = False
             watcher.cancel()
             self.call.cancel()  # a no-op once the RPC ended; else the worker aborts now
@@ -167,7 +170,7 @@ class GenerationResponse:
     async def _token_event(self, send: Send, msg: pb.GenerateResponse, rx_ns: int) -> None:
         job, chunk = self.job, msg.chunk
         lps = self.fmt.logprobs(chunk) if job.logprobs else None
-        if job.rich:
+        if job.rich or chunk.reasoning:  # thinking (a worker's reasoning parser) is rich
             data = self._frame(self.fmt.events(chunk, lps, self._seq), msg.index)
             if not data:
                 return
@@ -199,6 +202,8 @@ class GenerationResponse:
             raise error
         self._note_final(final)
         data = self._frame(self.fmt.ending(final, self._seq), index, final=True)
+        if self.job.keep is not None:
+            await self.job.keep()
         await self._write(send, data, more=False, eid=self._framed_id)
 
     def _frame(
@@ -245,23 +250,32 @@ class GenerationResponse:
                 raise error
             self._note_final(final)
             body = fmt.whole(final, logprobs)
+            if self.job.keep is not None:
+                await self.job.keep()
             await self._send_json(send, 200, orjson.dumps(body))
             await call.settle(STATUS_SETTLE_S)
             return
 
     def _note_final(self, final: pb.Final) -> None:
+        """The generation's usage, as its whole stream's (a continuation's final counts
+        the tokens before it): a resume that replays it notes the same generation id, so
+        usage accounting counts it once."""
         rec = self._record
         if rec is not None:
-            rec.prompt_tokens = final.usage.prompt_tokens
-            rec.completion_tokens = final.usage.completion_tokens
+            usage = final.usage
+            rec.prompt_tokens = usage.prompt_tokens
+            rec.completion_tokens = usage.completion_tokens
+            rec.cached_tokens = usage.cached_prompt_tokens
             rec.finish = pb.FinishReason.Name(final.reason)
+            rec.generation = self.job.request_id
 
     async def _fail(self, send: Send, err: ApiError) -> None:
         """An error as an HTTP status before the 200, as the final event after it."""
         if not self._committed:
-            await self._send_json(send, err.status, err.json(), err.headers())
+            await self._send_json(send, err.status, err.json(self._dialect), err.headers())
         elif not self._complete:
-            data = err.event_json(self._last_id.decode() if self._last_id else None)
+            last = self._last_id.decode() if self._last_id else None
+            data = err.event_json(last, self._dialect)
             await self._write(send, sse.encode_data(data, event=ERROR_EVENT), more=False)
 
     # -- the watcher ------------------------------------------------------------------

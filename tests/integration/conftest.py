@@ -49,6 +49,11 @@ def vllm_worker() -> Iterator[Proc]:
         # Its KV-cache events for kv_aware edges (WatchCache): a publisher thread in the
         # engine core, one msgpack batch per step that changed the cache.
         "--kv-events",
+        # LoRA on (tests/integration/test_model_adapters.py loads adapters at run time).
+        "--max-loras",
+        "2",
+        "--max-lora-rank",
+        "8",
         startup_timeout=240,
     )
     yield w

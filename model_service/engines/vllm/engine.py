@@ -14,12 +14,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, cast
 
 from model_service.config import EngineConfig
-from model_service.engines import chat_template
-from model_service.engines.base import Engine
+from model_service.engines import chat_template, reasoning
+from model_service.engines.base import Engine, Reasoner
 from model_service.engines.vllm.events import EventFeed
 from model_service.engines.vllm.stats import StatsCollector
 from model_service.errors import EngineDead, EngineError, InvalidArgument, Overloaded, Unavailable
 from model_service.types import (
+    Adapter,
     ChatMessage,
     EngineOutput,
     EngineStats,
@@ -52,6 +53,7 @@ class VllmEngine(Engine):
     """`Engine` over vLLM's `AsyncLLM` (see module docstring)."""
 
     name = "vllm"
+    serves_adapters = True  # with --max-loras: vLLM's LoRA support (`args.py`)
 
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)
@@ -62,6 +64,7 @@ class VllmEngine(Engine):
         self._tokenize_pool = ThreadPoolExecutor(1, thread_name_prefix="sluice-tokenize")
         opts = config.vllm
         self._events = EventFeed() if opts.kv_events and opts.enable_prefix_caching else None
+        self._reasoning: Any = None  # the reasoning parser's class, if one is named
 
     async def start(self) -> None:
         from model_service.engines.vllm.args import build_engine_args, describe
@@ -73,6 +76,8 @@ class VllmEngine(Engine):
         if self._events is not None and self.config.vllm.data_parallel_size > 1:
             # vLLM offsets a publisher's endpoint per rank for tcp and inproc only.
             raise RuntimeError("--kv-events works with --data-parallel-size 1 only")
+        if self.config.reasoning_parser:
+            self._reasoning = reasoning.parser_class(self.config.reasoning_parser)
         args = build_engine_args(self.config)
         if self._events is not None:
             args.kv_events_config = self._events.engine_config()
@@ -175,6 +180,7 @@ class VllmEngine(Engine):
             tokens_input(ids),
             self._sampling_params(request),
             request.request_id,
+            lora_request=_lora_request(request.adapter),
             trace_headers=request.trace_headers,  # vLLM's own spans join the caller's trace
             priority=request.priority,  # 0 high .. 2 low: lower goes first
         )
@@ -214,6 +220,19 @@ class VllmEngine(Engine):
         finally:
             await outputs.aclose()  # aborts the request in vLLM unless it finished
 
+    async def load_adapter(self, adapter: Adapter) -> None:
+        if self._llm is None:
+            raise Unavailable("engine is not ready yet")
+        try:
+            await self._llm.add_lora(_lora_request(adapter))
+        except Exception as exc:  # vLLM's worker error, re-raised as a bare Exception
+            reason = str(exc).split("Worker failed with error ", 1)[-1]
+            raise InvalidArgument("path", f"vLLM cannot load {adapter.path!r}: {reason}") from None
+
+    async def unload_adapter(self, adapter: Adapter) -> None:
+        if self._llm is not None:
+            await self._llm.remove_lora(adapter.id)
+
     def check(self, request: GenerationRequest) -> None:
         """vLLM's own checks of the parameters, constraint included, before acceptance."""
         if self._llm is None or (request.structured is None and not request.sampling.logit_bias):
@@ -232,6 +251,11 @@ class VllmEngine(Engine):
             )
         except (ValueError, VLLMClientError) as exc:
             raise _invalid(exc, request) from exc
+
+    def reasoner(self) -> Reasoner | None:
+        if self._reasoning is None or self._tokenizer is None:
+            return None
+        return reasoning.VllmReasoner(self._reasoning, self._tokenizer)
 
     def tool_parser(self, request: GenerationRequest, ids: Callable[[int], str]) -> Any:
         name = self.config.vllm.tool_call_parser
@@ -339,6 +363,15 @@ def _json_or_text(text: str) -> Any:
 
 
 STRUCTURED_WORDS = ("structured", "grammar", "schema", "regex", "choice", "json", "xgrammar")
+
+
+def _lora_request(adapter: Adapter | None) -> Any:
+    """vLLM's `LoRARequest` for an adapter (None: the base model)."""
+    if adapter is None:
+        return None
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest(adapter.name, adapter.id, adapter.path)
 
 
 def _invalid(exc: Exception, request: GenerationRequest | None) -> InvalidArgument:
