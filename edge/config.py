@@ -23,7 +23,7 @@ ADMIN_KEY_ENV = "SLUICE_ADMIN_KEY"
 CONTINUE_MODES = ("never", "sampled", "always")
 # How a worker is chosen within a pool for a request without a session key
 # (`edge.routing.scores`); a pool may set its own (`policy` in the pools file).
-POLICIES = ("session", "cache_aware", "least_load", "random")
+POLICIES = ("session", "cache_aware", "kv_aware", "least_load", "random")
 
 
 @dataclass(slots=True)
@@ -134,6 +134,9 @@ class RoutingConfig:
     )
     cache_balance_rel: float = option(
         1.5, "--cache-balance-rel", "...and this factor more load than the least loaded"
+    )
+    kv_index_blocks: int = option(
+        262_144, "--kv-index-blocks", "kv_aware: most block hashes held per worker (oldest out)"
     )
     # A frozen or silently dead worker is found within keepalive + keepalive timeout:
     # its connection fails, its health Watch with it (out of rotation), and its calls end

@@ -15,7 +15,7 @@ from edge.api.pages import ORJSONResponse
 from edge.api.schema import Kind, decode_body, parse_chat, parse_completion
 from edge.api.sizes import check_sizes
 from edge.api.state import EdgeState
-from generated import sluice_pb2 as pb
+from edge.api.tokens import tokenize_request
 
 
 async def render(state: EdgeState, request: Request, kind: Kind) -> Response:
@@ -25,13 +25,8 @@ async def render(state: EdgeState, request: Request, kind: Kind) -> Response:
     check_sizes(req, body, cfg.security)
     if req.prompt_tokens is not None:  # already tokens: nothing to render
         return ORJSONResponse([{"request_id": new_request_id(), "token_ids": req.prompt_tokens}])
-    tokenize = pb.TokenizeRequest(model=req.model)
-    if req.messages is not None:
-        tokenize.chat.CopyFrom(req.chat_input())
-    else:
-        tokenize.prompt = req.prompt or ""
     worker = state.workers().pick(req.model)
-    ids = await worker.tokenize(tokenize)
+    ids = await worker.tokenize(tokenize_request(req))
     out = {"request_id": new_request_id(), "token_ids": ids}
     return ORJSONResponse(out if kind == "chat" else [out])
 
@@ -42,7 +37,5 @@ async def count_tokens(state: EdgeState, request: Request) -> Response:
     body = decode_body(await read_body(request, cfg.server.max_body_bytes))
     req = parse_messages(body, count=True)
     check_sizes(req, body, cfg.security)
-    tokenize = pb.TokenizeRequest(model=req.model)
-    tokenize.chat.CopyFrom(req.chat_input())
-    ids = await state.workers().pick(req.model).tokenize(tokenize)
+    ids = await state.workers().pick(req.model).tokenize(tokenize_request(req))
     return ORJSONResponse({"input_tokens": len(ids)})

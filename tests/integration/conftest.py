@@ -46,6 +46,9 @@ def vllm_worker() -> Iterator[Proc]:
         # Tool choice auto through vLLM's Hermes parser (`<tool_call>{...}</tool_call>`).
         "--tool-call-parser",
         "hermes",
+        # Its KV-cache events for kv_aware edges (WatchCache): a publisher thread in the
+        # engine core, one msgpack batch per step that changed the cache.
+        "--kv-events",
         # LoRA on (tests/integration/test_model_adapters.py loads adapters at run time).
         "--max-loras",
         "2",
