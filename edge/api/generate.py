@@ -32,6 +32,7 @@ from edge.api.schema import (
 )
 from edge.api.sizes import check_sizes
 from edge.api.state import EdgeState
+from edge.api.tokens import routing_ids
 from edge.errors import ApiError, from_status
 from edge.obs import tracing
 from edge.obs.logs import TRACE_RE
@@ -194,12 +195,15 @@ async def _failover(
     one per prompt (all placed with the first: one session, one placement)."""
     registry = state.workers()
     # The session's pool (pinned) and worker; its cookie and pool headers go out with the
-    # response, whatever it turns out to be. The prompt is hashed only for a cache_aware pool.
+    # response, whatever it turns out to be. The prompt is hashed only for a cache_aware or
+    # kv_aware pool.
     req = p.req
     messages = None if req.messages is None else [(m.role, m.content) for m in req.messages]
     prompt = Prompt(messages, prompts.routed(req.prompts()[0]) if messages is None else None)
     if state.adapters is not None:
         await state.adapters.ensure(req.model)  # --lora-autoload
+    if registry.routes_on_tokens():  # kv_aware: the engine's tokens, hashed as it does
+        prompt.token_ids = await routing_ids(registry, req)
     worker, p.key = await tracing.route_awaiting(
         affinity.place(state.sessions(), state.cookies, request, req.model, req.user, prompt)
     )

@@ -15,6 +15,7 @@ from edge.api.pages import ORJSONResponse
 from edge.api.schema import Kind, decode_body, parse_chat, parse_completion
 from edge.api.sizes import check_sizes
 from edge.api.state import EdgeState
+from edge.api.tokens import tokenize_request
 from generated import sluice_pb2 as pb
 
 
@@ -26,9 +27,7 @@ async def render(state: EdgeState, request: Request, kind: Kind) -> Response:
     check_sizes(req, body, cfg.security)
     worker = state.workers().pick(req.model)
     if req.messages is not None:
-        tokenize = pb.TokenizeRequest(model=req.model)
-        tokenize.chat.CopyFrom(req.chat_input())
-        ids = await worker.tokenize(tokenize)
+        ids = await worker.tokenize(tokenize_request(req))
         return ORJSONResponse({"request_id": new_request_id(), "token_ids": ids})
     out = []  # one per prompt of a batch, as vLLM's
     for prompt in req.prompts():
@@ -44,7 +43,5 @@ async def count_tokens(state: EdgeState, request: Request) -> Response:
     body = decode_body(await read_body(request, cfg.server.max_body_bytes))
     req = parse_messages(body, count=True)
     check_sizes(req, body, cfg.security)
-    tokenize = pb.TokenizeRequest(model=req.model)
-    tokenize.chat.CopyFrom(req.chat_input())
-    ids = await state.workers().pick(req.model).tokenize(tokenize)
+    ids = await state.workers().pick(req.model).tokenize(tokenize_request(req))
     return ORJSONResponse({"input_tokens": len(ids)})

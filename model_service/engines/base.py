@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Protocol
 
 from model_service.config import EngineConfig
+from model_service.engines.events import CacheLog
 from model_service.errors import FailedPrecondition
 from model_service.types import (
     Adapter,
@@ -54,6 +55,9 @@ class Engine(abc.ABC):
     """
 
     name: str = ""
+    # The blocks its prefix cache holds, from its own events (`WatchCache`); None: it
+    # publishes none. Set by `start()` at the latest.
+    cache_log: CacheLog | None = None
     serves_adapters = False  # LoRA adapters (`load_adapter`); the worker refuses --max-loras else
 
     def __init__(self, config: EngineConfig) -> None:

@@ -54,6 +54,9 @@ def vllm_worker() -> Iterator[Proc]:
         # vLLM's own server over the same engine (test only; ~1 s at start-up).
         "--vllm-openai-port-file",
         str(VLLM_OPENAI_PORT),
+        # Its KV-cache events for kv_aware edges (WatchCache): a publisher thread in the
+        # engine core, one msgpack batch per step that changed the cache.
+        "--kv-events",
         # LoRA on (tests/integration/test_model_adapters.py loads adapters at run time).
         "--max-loras",
         "2",

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from model_service.engines import reasoning
 from model_service.engines.base import Engine, Reasoner
+from model_service.engines.events import CacheLog, Layout
 from model_service.engines.sim.cache import PrefixCache
 from model_service.engines.sim.faults import Faults
 from model_service.engines.sim.structured import pieces, structured_text
@@ -42,6 +43,7 @@ from model_service.types import (
     ModelInfo,
     TokenLogprob,
 )
+from sluice_common import blocks as block_names
 
 
 @dataclass(eq=False, slots=True)
@@ -77,7 +79,13 @@ class SimEngine(Engine):
         self._step_timer: asyncio.TimerHandle | None = None
         self._step_at = 0.0  # when the last decode step was due (loop clock)
         self._faults = Faults(self._opts.fault_file) if self._opts.fault_file else None
-        self._cache = PrefixCache(self._opts.block_tokens) if self._opts.prefix_cache else None
+        self._cache: PrefixCache | None = None
+        if self._opts.prefix_cache:
+            b = self._opts.block_tokens
+            layout = Layout(b, block_names.ALGO, block_names.seed_hash(block_names.DEFAULT_SEED),
+                            self._opts.kv_cache_tokens // b)  # fmt: skip
+            self.cache_log = CacheLog(layout)
+            self._cache = PrefixCache(b, self.cache_log)
         self._prefill_free_at = 0.0  # when the one prefill lane is free (loop clock)
         self._reasoning: object = None  # the reasoning parser's class, if one is named
         self._info = ModelInfo(

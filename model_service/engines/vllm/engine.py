@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 from model_service.config import EngineConfig
 from model_service.engines import chat_template, reasoning
 from model_service.engines.base import Engine, Reasoner
+from model_service.engines.vllm.events import EventFeed
 from model_service.engines.vllm.stats import StatsCollector
 from model_service.errors import EngineDead, EngineError, InvalidArgument, Overloaded, Unavailable
 from model_service.types import (
@@ -61,6 +62,8 @@ class VllmEngine(Engine):
         self._collector = StatsCollector(config.max_num_seqs)
         self._info: ModelInfo | None = None
         self._tokenize_pool = ThreadPoolExecutor(1, thread_name_prefix="sluice-tokenize")
+        opts = config.vllm
+        self._events = EventFeed() if opts.kv_events and opts.enable_prefix_caching else None
         self._openai: Any = None  # vLLM's own OpenAI server (test only)
         self._reasoning: Any = None  # the reasoning parser's class, if one is named
 
@@ -71,9 +74,15 @@ class VllmEngine(Engine):
             from model_service.engines.vllm.tools import parser_class
 
             parser_class(self.config.vllm.tool_call_parser)
+        if self._events is not None and self.config.vllm.data_parallel_size > 1:
+            # vLLM offsets a publisher's endpoint per rank for tcp and inproc only.
+            raise RuntimeError("--kv-events works with --data-parallel-size 1 only")
         if self.config.reasoning_parser:
             self._reasoning = reasoning.parser_class(self.config.reasoning_parser)
         args = build_engine_args(self.config)
+        if self._events is not None:
+            args.kv_events_config = self._events.engine_config()
+            self._events.subscribe()
         log.info("starting vLLM: %s", describe(args))
         # Hold the AsyncLLM in no local here: something in vLLM keeps a frame from building the
         # args alive, and through its f_back this frame's locals, so the engine would never be
@@ -81,6 +90,8 @@ class VllmEngine(Engine):
         self._llm = await _start_llm(args, self._collector, self.config)
         self._tokenizer = self._llm.get_tokenizer()
         self._info = self._model_info(self._llm)
+        if self._events is not None:
+            self.cache_log = self._events.start(self._llm.vllm_config.cache_config)
         await self._llm.get_supported_tasks()  # starts vLLM's output tasks on this loop
         await self._warm_up()
         if self.config.vllm.openai_port_file:  # test only: vLLM's server beside ours
@@ -124,6 +135,8 @@ class VllmEngine(Engine):
         log.info("vLLM warm-up took %.1fs", time.monotonic() - started)
 
     async def stop(self) -> None:
+        if self._events is not None:
+            await self._events.stop()
         if self._openai is not None:
             await self._openai.stop()
         llm, self._llm = self._llm, None
