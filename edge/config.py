@@ -220,6 +220,12 @@ class SecurityConfig:
     max_arguments_chars: int = option(
         262_144, "--max-arguments-chars", "longest history tool-call arguments (0: off)"
     )
+    chat_roles: list[str] = option(
+        [],
+        "--chat-role",
+        "a chat role beyond OpenAI's five that the workers' template defines (repeat)",
+        action="append",
+    )
     cors_origins: list[str] = option(
         [], "--cors-origin", "browser origin allowed (repeat; '*': any)", action="append"
     )

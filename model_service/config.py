@@ -118,6 +118,12 @@ class VllmOptions:
         "how vLLM starts its ranks: mp (one node) or ray (a Ray cluster, many nodes)",
         choices=EXECUTORS,
     )
+    openai_port_file: str = option(
+        "",
+        "--vllm-openai-port-file",
+        "test only: also serve vLLM's own OpenAI server over this engine on 127.0.0.1 "
+        "(no admission), its port written to this file",
+    )
     otlp_traces_endpoint: str = ""  # vLLM's own tracing: the worker's --otlp-endpoint
     extra_args: dict[str, object] = field(default_factory=dict)
 
@@ -228,6 +234,12 @@ class LimitsConfig:
         1_000, "--max-regex-repeat", "the largest count of a regex repetition {m,n}"
     )
     max_grammar_rules: int = option(1_000, "--max-grammar-rules", "rules of one grammar")
+    chat_roles: list[str] = option(
+        [],
+        "--chat-role",
+        "a chat role beyond OpenAI's five that the model's template defines (repeat)",
+        action="append",
+    )
 
 
 @dataclass(slots=True)

@@ -95,6 +95,11 @@ class Engine(abc.ABC):
     def stats(self) -> EngineStats:
         """Current load, taken from the engine itself."""
 
+    async def prompt_text(self, request: GenerationRequest) -> str:
+        """The request's prompt as text, as the engine gets it (chat template applied; a
+        prompt given as ids decoded). The default: a raw prompt as it is, else none."""
+        return request.prompt or ""
+
     async def load_adapter(self, adapter: Adapter) -> None:
         """Load a LoRA adapter the worker's registry accepted (`intake/adapters.py`);
         `request.adapter` then names it. Raises InvalidArgument (`path`) for weights the

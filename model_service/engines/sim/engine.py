@@ -25,10 +25,13 @@ from model_service.engines.sim.text import (
     SimTokenizer,
     chat_template,
     find_stop,
+    prompt_logprobs,
     script_pieces,
+    token_logprob,
     tokenize,
     with_calls,
     word_id,
+    words,
 )
 from model_service.errors import EngineError
 from model_service.types import (
@@ -38,6 +41,7 @@ from model_service.types import (
     FinishReason,
     GenerationRequest,
     ModelInfo,
+    TokenLogprob,
 )
 from sluice_common import blocks as block_names
 
@@ -52,6 +56,8 @@ class _SimRequest:
     running: bool = False
     scheduled_at: float | None = None
     cached: int = 0  # prompt tokens served from the prefix cache
+    prompt_logprobs: list[TokenLogprob] | None = None  # asked for: on the first output
+    logprobs: list[TokenLogprob] | None = None  # the next token's, when asked for
 
 
 class SimEngine(Engine):
@@ -120,6 +126,18 @@ class SimEngine(Engine):
                 pairs.insert(0, ("tools", " ".join(t.name for t in request.tools)))
             return chat_template(tuple(pairs), request.add_generation_prompt)
         return request.prompt or ""
+
+    async def prompt_text(self, request: GenerationRequest) -> str:
+        return self._prompt_text(request)
+
+    def _prompt_logprobs(
+        self, request: GenerationRequest, ids: list[int]
+    ) -> list[TokenLogprob] | None:
+        k = request.sampling.prompt_logprobs
+        if k is None:
+            return None
+        given = request.prompt is not None or request.messages is not None
+        return prompt_logprobs(ids, words(self._prompt_text(request)) if given else None, k)
 
     def reasoner(self) -> Reasoner | None:
         if self._reasoning is None:
@@ -284,6 +302,7 @@ class SimEngine(Engine):
             holdback = max((len(s) for s in sp.stop), default=1) - 1
             text, emitted, n, prompt = "", 0, 0, len(prompt_ids)
             await self._prefill(req, prompt_ids, prefill - opts.ttft_s)
+            req.prompt_logprobs = self._prompt_logprobs(request, prompt_ids)
             while not req.aborted:
                 n += 1
                 if n == fail_at:
@@ -304,6 +323,8 @@ class SimEngine(Engine):
                 else:
                     tid = rng.below(len(VOCAB))
                     word = " " + VOCAB[tid]
+                if sp.logprobs is not None:
+                    req.logprobs = [token_logprob(tid, word, n, sp.logprobs)]
                 if tid in sp.stop_token_ids:  # a stop token ends it, its text unsent
                     yield self._out(text[emitted:], [tid], prompt, n, FinishReason.STOP, req)
                     return
@@ -338,6 +359,8 @@ class SimEngine(Engine):
         req: _SimRequest,
         stop: str = "",
     ) -> EngineOutput:
+        prompt_lps, req.prompt_logprobs = req.prompt_logprobs, None
+        lps, req.logprobs = (req.logprobs, None) if ids else (None, req.logprobs)
         return EngineOutput(
             text=text,
             token_ids=ids,
@@ -346,5 +369,7 @@ class SimEngine(Engine):
             finish_reason=finish,
             stop_sequence=stop,
             cached_prompt_tokens=req.cached,
+            prompt_logprobs=prompt_lps,
+            logprobs=lps,
             scheduled_at=req.scheduled_at,
         )
