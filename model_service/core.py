@@ -15,6 +15,8 @@ from typing import Any
 
 from generated import sluice_pb2 as pb
 from model_service.config import WorkerConfig
+from model_service.constraints.gate import ConstraintGate
+from model_service.constraints.pool import CompilerPool
 from model_service.engines.base import CallParser, Engine
 from model_service.errors import NotFound, OutOfRange, SluiceError, Unavailable
 from model_service.generation.run import Generation
@@ -54,6 +56,30 @@ class WorkerCore:
         self._runtime = Runtime(engine, self, self.metrics.itl, self.store)
         # Set by the server: called when the engine dies (health -> NOT_SERVING).
         self.on_engine_dead: Callable[[], None] | None = None
+        self.gate: ConstraintGate | None = None  # `open_gate`, once the engine runs
+
+    async def open_gate(self) -> None:
+        """Measure each new constraint's compile from now on (`constraints/`), when the
+        engine names its backend's vocabulary and `--constraint-compilers` is not 0."""
+        limits = self.config.limits
+        if limits.constraint_compilers < 1:
+            return
+        vocab = await self.engine.grammar_vocab()
+        if vocab is None:
+            return
+        pool = CompilerPool(
+            vocab,
+            limits.constraint_compilers,
+            limits.max_constraint_compile_s,
+            limits.max_constraint_compile_mb,
+        )
+        pool.start()
+        self.gate = ConstraintGate(pool)
+
+    async def close_gate(self) -> None:
+        gate, self.gate = self.gate, None
+        if gate is not None:
+            await gate.pool.close()
 
     async def prepare(
         self, start: pb.StartGeneration, deadline_s: float | None, trace_id: str = ""
@@ -69,7 +95,9 @@ class WorkerCore:
             req.request_id = uuid.uuid4().hex
         engine_id = self.engine_id(req.request_id)
         parsers = self._tool_parsers(req, engine_id)
-        self.engine.check(req)
+        job = self.engine.check(req)
+        if job is not None and self.gate is not None and req.structured is not None:
+            await self.gate.check(job, req.structured.field)  # its compile, bounded
         self.store.admit()  # running replay logs under --replay-max-mb
         ticket = self.admission.admit(self.engine.stats(), req.priority, req.tenant)
         try:

@@ -9,6 +9,7 @@ from typing import Protocol
 
 from model_service.config import EngineConfig
 from model_service.types import (
+    CompileJob,
     EngineOutput,
     EngineStats,
     GenerationRequest,
@@ -80,10 +81,17 @@ class Engine(abc.ABC):
     def stats(self) -> EngineStats:
         """Current load, taken from the engine itself."""
 
-    def check(self, request: GenerationRequest) -> None:
+    def check(self, request: GenerationRequest) -> CompileJob | None:
         """Refuse, with `errors.InvalidArgument` naming the field, what the engine cannot
         honour (a constraint its grammar backend cannot compile, a sampling option it
-        lacks) before the generation is accepted. The default accepts everything."""
+        lacks) before the generation is accepted; return the compile its constraint will
+        cost the backend, for the worker to measure first (None: nothing to measure).
+        The default accepts everything."""
+        return None
+
+    async def grammar_vocab(self) -> str | None:
+        """The vocabulary its grammar backend compiles constraints over, as
+        `xgrammar.TokenizerInfo.serialize_json` (None: no constraint is measured)."""
         return None
 
     def tool_parser(

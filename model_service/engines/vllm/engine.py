@@ -20,6 +20,7 @@ from model_service.engines.vllm.stats import StatsCollector
 from model_service.errors import EngineDead, EngineError, InvalidArgument, Overloaded, Unavailable
 from model_service.types import (
     ChatMessage,
+    CompileJob,
     EngineOutput,
     EngineStats,
     FinishReason,
@@ -201,11 +202,14 @@ class VllmEngine(Engine):
         finally:
             await outputs.aclose()  # aborts the request in vLLM unless it finished
 
-    def check(self, request: GenerationRequest) -> None:
-        """vLLM's own checks of the parameters, constraint included, before acceptance."""
+    def check(self, request: GenerationRequest) -> CompileJob | None:
+        """vLLM's own checks of the parameters, constraint included, before acceptance;
+        the compile its xgrammar backend will then run."""
         if self._llm is None or (request.structured is None and not request.sampling.logit_bias):
-            return
+            return None
         from vllm.exceptions import VLLMClientError
+
+        from model_service.engines.vllm.grammar import compile_job
 
         params = self._sampling_params(request)
         llm = self._llm
@@ -219,6 +223,17 @@ class VllmEngine(Engine):
             )
         except (ValueError, VLLMClientError) as exc:
             raise _invalid(exc, request) from exc
+        so = request.structured
+        tight = so is not None and so.disable_any_whitespace
+        return compile_job(params, tight or cfg.structured_outputs_config.disable_any_whitespace)
+
+    async def grammar_vocab(self) -> str | None:
+        if self._llm is None:
+            return None
+        from model_service.engines.vllm.grammar import vocab_json
+
+        size = self._llm.model_config.get_vocab_size()
+        return await asyncio.to_thread(vocab_json, self._tokenizer, size)
 
     def tool_parser(self, request: GenerationRequest, ids: Callable[[int], str]) -> Any:
         name = self.config.vllm.tool_call_parser
