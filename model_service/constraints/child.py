@@ -1,11 +1,13 @@
-"""One constraint compiler: `python child.py VOCAB MB` (it imports nothing of Sluice).
+"""One constraint compiler, a process forked from multiprocessing's fork server (which
+imported xgrammar once, so a new compiler is ready in milliseconds).
 
-Compiles constraints with xgrammar (the backend vLLM picks for everything it supports)
-over the served model's vocabulary (VOCAB: `xgrammar.TokenizerInfo.serialize_json`), one at
-a time, niced, one thread, its address space bounded to MB MiB above what it holds once
-ready. Protocol, one JSON object a line: it writes {"ready": true} once loaded, then
-answers each job {"method", "spec", "any_whitespace"} with {"ok": true}, {"error": msg}
-or {"memory": true}. It dies with its parent (PR_SET_PDEATHSIG) and at end of input.
+It compiles with xgrammar, the backend vLLM picks for everything it supports, over the
+served model's vocabulary (a file of `xgrammar.TokenizerInfo.serialize_json`), one job at
+a time, niced, on one thread, its address space bounded to `limit_mb` MiB above what it
+holds once ready. Over its pipe, JSON both ways: b'{"ready": true}' once loaded, then
+for each job {"method", "spec", "any_whitespace"} one of {"ok": true}, {"error": msg} or
+{"memory": true}. It ends when the pipe closes or its parent (the fork server, which
+ends with the worker) dies.
 """
 
 from __future__ import annotations
@@ -15,25 +17,40 @@ import json
 import os
 import resource
 import signal
-import sys
-from typing import Any, TextIO
+from multiprocessing.connection import Connection
+from typing import Any
 
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: the end of input still ends it
-        pass
+def serve(conn: Connection, vocab_path: str, limit_mb: int) -> None:
+    """The process's target: load, bound itself, then answer jobs until the pipe closes."""
+    _die_with_parent()
+    os.nice(10)  # a compile takes CPU the engine's streams would otherwise have
+    import xgrammar as xgr
 
-
-def _address_space() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
-    return 0
+    with open(vocab_path) as f:
+        info = xgr.TokenizerInfo.deserialize_json(f.read())
+    compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+    room = _address_space() + limit_mb * 2**20
+    resource.setrlimit(resource.RLIMIT_AS, (room, resource.RLIM_INFINITY))
+    conn.send_bytes(b'{"ready": true}')
+    while True:
+        try:
+            raw = conn.recv_bytes()
+        except EOFError:
+            return
+        reply: dict[str, Any]
+        try:
+            compile_job(compiler, json.loads(raw))
+            reply = {"ok": True}
+        except MemoryError:
+            reply = {"memory": True}
+        except Exception as exc:  # the backend's refusal, in its own words
+            text = str(exc)
+            # C++'s std::bad_alloc comes through xgrammar's bindings as a RuntimeError.
+            reply = {"memory": True} if "bad_alloc" in text else {"error": text[:2000]}
+        conn.send_bytes(json.dumps(reply).encode())
 
 
 def compile_job(compiler: Any, job: dict[str, Any]) -> None:
@@ -51,37 +68,16 @@ def compile_job(compiler: Any, job: dict[str, Any]) -> None:
         raise ValueError(f"unknown compile method {method!r}")
 
 
-def serve(vocab_path: str, limit_mb: int, out: TextIO) -> None:
-    import xgrammar as xgr
-
-    with open(vocab_path) as f:
-        info = xgr.TokenizerInfo.deserialize_json(f.read())
-    compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
-    room = _address_space() + limit_mb * 2**20
-    resource.setrlimit(resource.RLIMIT_AS, (room, resource.RLIM_INFINITY))
-    out.write('{"ready": true}\n')
-    out.flush()
-    for line in sys.stdin:
-        reply: dict[str, Any]
-        try:
-            compile_job(compiler, json.loads(line))
-            reply = {"ok": True}
-        except MemoryError:
-            reply = {"memory": True}
-        except Exception as exc:  # the backend's refusal, in its own words
-            reply = {"error": str(exc)[:2000] or type(exc).__name__}
-        out.write(json.dumps(reply) + "\n")
-        out.flush()
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the pipe's end still ends it
+        pass
 
 
-def main() -> None:
-    _die_with_parent()
-    os.nice(10)  # a compile takes CPU the engine's streams would otherwise have
-    # Replies go to the original stdout; anything a library prints goes to stderr.
-    out = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
-    serve(sys.argv[1], int(sys.argv[2]), out)
-
-
-if __name__ == "__main__":
-    main()
+def _address_space() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    return 0

@@ -1,10 +1,11 @@
-"""Child processes that compile constraints (`child.py`), each bounded in time and memory.
+"""Processes that compile constraints (`child.py`), each bounded in time and memory.
 
 A job takes an idle child, or waits for one (at most `wait_s`: then RESOURCE_EXHAUSTED);
 a child that runs past `limit_s`, or whose caller left (the task cancelled), is killed and
 replaced in the background, so a compile never outlives its bound or its caller. A child
 that died compiling ran out of its address space (or crashed): the job's verdict is
-`memory`."""
+`memory`. Children fork from multiprocessing's fork server, which imports xgrammar (and
+torch with it) once: a replacement is ready in milliseconds, not the seconds of a start."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ import asyncio
 import contextlib
 import json
 import logging
+import multiprocessing
 import os
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from typing import Any
 
 from model_service.constraints import child
@@ -25,8 +27,9 @@ from model_service.types import CompileJob
 
 log = logging.getLogger("sluice.constraints")
 
-START_S = 60.0  # a child's start: imports xgrammar (and torch), loads the vocabulary
+START_S = 60.0  # a child's start (the fork server's own start, the first time)
 RESPAWN_PAUSE_S = 1.0  # after a child failed to start
+CONTEXT = multiprocessing.get_context("forkserver")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +42,41 @@ class Verdict:
     message: str = ""
 
 
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class _Child:
+    """One compiler process and our end of its pipe."""
+
+    __slots__ = ("conn", "proc")
+
+    def __init__(self, proc: Any, conn: Connection) -> None:
+        self.proc = proc
+        self.conn = conn
+
+    async def recv(self, timeout: float) -> bytes:
+        """The next message; b"" when the child died (TimeoutError past `timeout`)."""
+        loop = asyncio.get_running_loop()
+        readable = loop.create_future()
+        fd = self.conn.fileno()
+        loop.add_reader(fd, _resolve, readable)
+        try:
+            await asyncio.wait_for(readable, timeout)
+        finally:
+            loop.remove_reader(fd)
+        try:
+            return self.conn.recv_bytes()
+        except (EOFError, OSError):
+            return b""
+
+    def kill(self) -> None:
+        with contextlib.suppress(Exception):
+            self.proc.kill()
+        self.conn.close()
+
+
 class CompilerPool:
     """`slots` compilers over one vocabulary (`xgrammar.TokenizerInfo.serialize_json`);
     `start()` spawns them, `close()` ends them."""
@@ -49,10 +87,11 @@ class CompilerPool:
         self.limit_s = limit_s
         self.limit_mb = limit_mb
         self.slots = slots
-        self.wait_s = 2 * limit_s + START_S  # a busy compile, then a respawn
-        self._idle: asyncio.Queue[asyncio.subprocess.Process] = asyncio.Queue()
-        self._procs: set[asyncio.subprocess.Process] = set()
-        self._spawns: set[asyncio.Task[Any]] = set()
+        self.wait_s = 2 * limit_s + START_S  # a busy compile, then a (first) start
+        self.busy: set[int] = set()  # the pids of children compiling now
+        self._idle: asyncio.Queue[_Child] = asyncio.Queue()
+        self._children: set[_Child] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
 
     def start(self) -> None:
@@ -61,37 +100,37 @@ class CompilerPool:
         ) as f:
             f.write(self.vocab)
         self.vocab_path = f.name
+        CONTEXT.set_forkserver_preload(["xgrammar"])  # when it is not running yet
         for _ in range(self.slots):
             self._respawn()
 
     @property
     def pids(self) -> list[int]:
         """The live children's process ids."""
-        return sorted(p.pid for p in self._procs if p.returncode is None)
+        return sorted(c.proc.pid for c in self._children if c.proc.is_alive())
 
     async def compile(self, job: CompileJob) -> Verdict:
         """Compile `job` in a child. Raises Overloaded when no child frees up in time."""
-        proc = await self._take()
+        worker = await self._take()
         line = json.dumps(
             {"method": job.method, "spec": job.spec, "any_whitespace": job.any_whitespace}
         )
         started = time.monotonic()
-        done = False
+        raw = b""
+        self.busy.add(worker.proc.pid)
         try:
-            assert proc.stdin is not None and proc.stdout is not None
-            proc.stdin.write(line.encode() + b"\n")
-            await proc.stdin.drain()
-            raw = await asyncio.wait_for(proc.stdout.readline(), self.limit_s)
-            done = bool(raw)
+            worker.conn.send_bytes(line.encode())  # it waits for it: the pipe drains
+            raw = await worker.recv(self.limit_s)
         except TimeoutError:
             return Verdict("slow", time.monotonic() - started)
-        except (ConnectionError, BrokenPipeError):  # it died before it read the job
+        except OSError:  # it died before it read the job
             raw = b""
         finally:
-            if done:
-                self._idle.put_nowait(proc)
+            self.busy.discard(worker.proc.pid)
+            if raw:
+                self._idle.put_nowait(worker)
             else:  # over time, died, or its caller left: it is in an unknown state
-                self._retire(proc)
+                self._retire(worker)
         took = time.monotonic() - started
         if not raw:
             return Verdict("memory", took)
@@ -102,7 +141,7 @@ class CompilerPool:
             return Verdict("memory", took)
         return Verdict("error", took, str(reply.get("error", "")))
 
-    async def _take(self) -> asyncio.subprocess.Process:
+    async def _take(self) -> _Child:
         """An idle child; one handed over as the caller left goes back, never lost."""
         getter = asyncio.ensure_future(self._idle.get())
         try:
@@ -117,62 +156,53 @@ class CompilerPool:
                 ) from None
             raise
 
-    def _retire(self, proc: asyncio.subprocess.Process) -> None:
-        self._procs.discard(proc)
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
+    def _retire(self, worker: _Child) -> None:
+        self._children.discard(worker)
+        worker.kill()
         self._respawn()
 
     def _respawn(self, pause_s: float = 0.0) -> None:
         if self._closed:
             return
         task = asyncio.get_running_loop().create_task(self._spawn(pause_s))
-        self._spawns.add(task)
-        task.add_done_callback(self._spawns.discard)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _spawn(self, pause_s: float) -> None:
         if pause_s:
             await asyncio.sleep(pause_s)
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            child.__file__,  # by path: it imports nothing of ours
-            self.vocab_path,
-            str(self.limit_mb),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL,
+        mine, theirs = CONTEXT.Pipe()
+        proc = CONTEXT.Process(
+            target=child.serve, args=(theirs, self.vocab_path, self.limit_mb), daemon=True
         )
-        self._procs.add(proc)
-        assert proc.stdout is not None
+        # The first start also starts the fork server (seconds): off the event loop.
+        await asyncio.to_thread(proc.start)
+        theirs.close()
+        worker = _Child(proc, mine)
+        self._children.add(worker)
         try:
-            ready = await asyncio.wait_for(proc.stdout.readline(), START_S)
+            ready = await worker.recv(START_S)
         except TimeoutError:
             ready = b""
         if self._closed or not ready:
-            self._procs.discard(proc)
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
+            self._children.discard(worker)
+            worker.kill()
             if not self._closed:
-                log.error("a constraint compiler failed to start (exit %s)", proc.returncode)
+                log.error("a constraint compiler failed to start (exit %s)", proc.exitcode)
                 self._respawn(RESPAWN_PAUSE_S)
             return
-        self._idle.put_nowait(proc)
-        # Reap it once it ends (killed when retired), so no zombie is left behind.
-        waiter = asyncio.get_running_loop().create_task(proc.wait())
-        self._spawns.add(waiter)
-        waiter.add_done_callback(self._spawns.discard)
+        self._idle.put_nowait(worker)
 
     async def close(self) -> None:
         self._closed = True
-        for task in list(self._spawns):
+        for task in list(self._tasks):
             task.cancel()
-        for proc in list(self._procs):
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-        await asyncio.gather(*(p.wait() for p in self._procs), return_exceptions=True)
-        await asyncio.gather(*self._spawns, return_exceptions=True)
-        self._procs.clear()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for worker in list(self._children):
+            worker.kill()
+        for worker in list(self._children):  # reaped, no zombie left
+            await asyncio.to_thread(worker.proc.join, 5.0)
+        self._children.clear()
         if self.vocab_path:
             with contextlib.suppress(OSError):
                 os.unlink(self.vocab_path)
