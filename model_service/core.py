@@ -64,7 +64,11 @@ class WorkerCore:
         limits = self.config.limits
         if limits.constraint_compilers < 1:
             return
-        vocab = await self.engine.grammar_vocab()
+        try:
+            vocab = await self.engine.grammar_vocab()
+        except Exception:  # the backend's vocabulary would not build: serve unmeasured
+            log.exception("constraint compiles are not measured: no vocabulary")
+            return
         if vocab is None:
             return
         pool = CompilerPool(
