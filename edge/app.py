@@ -20,19 +20,23 @@ from edge.api.state import EdgeState
 from edge.config import EdgeConfig
 from edge.errors import ApiError
 from edge.obs import tracing
+from edge.obs.audit import AuditLog
 from edge.obs.multiproc import SharedMetrics
-from edge.obs.record import ObsMiddleware
+from edge.obs.record import ObsMiddleware, Sink
 from edge.release import canary
 from edge.release.fleet_rollouts import FleetRollouts
 from edge.release.rollouts import Rollouts
 from edge.release.windows import FleetWindows, LocalWindows, Windows
+from edge.routing.adapters import AdapterRouting
 from edge.routing.fleet import FleetSync
 from edge.routing.pinning import MemoryPins, Pinning, SessionStore
 from edge.routing.registry import registry_from_config
 from edge.security import tls
 from edge.security.auth import AuthMiddleware, KeyStore, load_keys
+from edge.security.budgets import Budgets, budgets_of
 from edge.security.cors import cors_middleware
 from edge.security.limits import Limits, LimitsMiddleware
+from edge.security.usage import Meter
 from edge.store.base import Store
 from edge.store.control import Control
 from edge.store.guarded import Guarded
@@ -40,6 +44,7 @@ from edge.store.memory import MemoryStore
 from edge.store.pins import StorePins
 from edge.store.redis import RedisStore
 from edge.store.rollouts import RolloutBoard
+from edge.store.usage import Ledger, MemoryLedger, RedisLedger
 from edge.store.windows import WindowCounters
 from edge.upstream.channel import ChannelFactory, channel_options
 
@@ -95,7 +100,9 @@ def shared_store(config: EdgeConfig) -> Guarded | None:
     s = config.store
     if not s.url:
         return None
-    local = MemoryStore(config.session.ttl_s, config.session.store_max)
+    local = MemoryStore(
+        config.session.ttl_s, config.session.store_max, max_doc_bytes=s.local_max_bytes
+    )
     return Guarded(RedisStore(s.url, s.timeout_s, s.prefix), local, s.failure == "open")
 
 
@@ -106,7 +113,15 @@ def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
     factory = channels(config)
     tracing.setup(config.server.otlp_endpoint)  # off unless an OTLP endpoint is set
     shared = shared_store(config)
-    limits_store: Store = shared or MemoryStore(config.session.ttl_s, 1)
+    limits_store: Store = shared or MemoryStore(
+        config.session.ttl_s, 1, max_doc_bytes=config.store.local_max_bytes
+    )
+    state.store = limits_store  # stored responses too
+    s = config.store
+    ledger: Ledger = RedisLedger(s.url, s.timeout_s, s.prefix) if s.url else MemoryLedger()
+    state.ledger = ledger
+    meter = Meter(ledger)
+    audit = audit_log(config)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -117,6 +132,7 @@ def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
             else MemoryPins(config.session.ttl_s, config.session.store_max)
         )
         pinning = state.pinning = Pinning(registry, pins)
+        state.adapters = AdapterRouting(registry, config.routing)
         registry.start()
         tasks = Supervisor()
         if config.server.metrics_dir:
@@ -144,17 +160,24 @@ def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
             registry.render_metrics,
             pinning.render_metrics,
             rollouts.render_metrics,
+            meter.render_metrics,
             *([shared.render_metrics] if shared is not None else []),
+            *([audit.render_metrics] if audit is not None else []),
         ]
+        tasks.start(meter.run(), "usage meter")
         tasks.start(canary.watch(registry, windows, state.fleet), "canary watch")
         tasks.start(rollouts.watch(), "rollouts watch")
         try:
             yield
         finally:  # after uvicorn drained the streams; each step after the one before
-            await tasks.stop()  # rollouts, canary, fleet windows, fleet watch, metrics writer
+            await tasks.stop()  # usage, rollouts, canary, fleet windows and watch, metrics
+            await meter.flush()  # the last generations' usage (the streams are over)
+            if audit is not None:
+                await asyncio.to_thread(audit.close)  # its last lines written
             await registry.close()  # its workers' watches and channels
             tracing.shutdown()  # flushes the last spans
             await limits_store.close()
+            await ledger.close()
             if control is not None:
                 await control.close()
             if counters is not None:
@@ -173,12 +196,41 @@ def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
         lifespan=lifespan,
     )
     rest.state.edge = state
-    return secured(Dispatch(state, rest), config, state, limits_store)
+    budgets = Budgets(budgets_of(config.security.key_budgets), ledger, s.failure == "open")
+    sinks: list[Sink] = [lambda scope, rec, took: meter.record(rec)]
+    if audit is not None:
+        sinks.append(audit.submit)
+    app = Dispatch(state, rest)
+    return secured(app, config, state, limits_store, budgets=budgets, sinks=sinks)
 
 
-def secured(app: ASGIApp, config: EdgeConfig, state: EdgeState, store: Store) -> ASGIApp:
+def audit_log(config: EdgeConfig) -> AuditLog | None:
+    """The audit log's writer (`--audit-log`), None when it is off."""
+    a = config.audit
+    if not a.path:
+        return None
+    return AuditLog(
+        a.path,
+        bodies=a.bodies,
+        redact=a.redact,
+        max_bytes=a.max_bytes,
+        backups=a.backups,
+        queue_size=a.queue,
+    )
+
+
+def secured(
+    app: ASGIApp,
+    config: EdgeConfig,
+    state: EdgeState,
+    store: Store,
+    *,
+    budgets: Budgets | None = None,
+    sinks: list[Sink] | None = None,
+) -> ASGIApp:
     """`app` inside, outermost first: observation (the one send wrapper) -> CORS ->
-    authentication -> limits, so a 401 or 429 is counted, logged and carries CORS headers."""
+    authentication -> limits (budgets first), so a 401 or 429 is counted, logged and
+    carries CORS headers; the sinks (usage, audit) get every request's record at its end."""
     sec = config.security
     keys = KeyStore(load_keys(sec.api_keys_file))
     admin_key = config.routing.admin_key
@@ -187,19 +239,22 @@ def secured(app: ASGIApp, config: EdgeConfig, state: EdgeState, store: Store) ->
     elif not admin_key:
         log.warning("no admin key ($SLUICE_ADMIN_KEY): /metrics and /admin are refused")
     metrics = state.metrics
-    state.priorities = Priorities(key_classes(sec.key_priorities), auth=bool(keys))
-    unknown = sorted(set(state.priorities.keys) - keys.names())
+    tenants = dict(entry.partition("=")[::2] for entry in sec.key_tenants)
+    state.priorities = Priorities(key_classes(sec.key_priorities), bool(keys), tenants)
+    named = {*state.priorities.keys, *tenants, *(budgets.budgets if budgets else {})} - {"*"}
+    unknown = sorted(named - keys.names())
     if unknown:
-        log.warning("--key-priority names no configured key: %s", ", ".join(unknown))
+        log.warning("--key-priority/-tenant/-budget name no configured key: %s", ", ".join(unknown))
     limits = Limits(
         sec.rate_limit_rps, sec.rate_limit_burst, sec.max_streams_per_key, sec.tpm_limit
     )
-    app = LimitsMiddleware(app, limits, store, metrics.admission_rejections)
-    app = AuthMiddleware(app, keys, admin_key, metrics.auth_failures)
+    app = LimitsMiddleware(app, limits, store, metrics.admission_rejections, budgets)
+    app = AuthMiddleware(app, keys, admin_key, metrics.auth_failures, tenants)
     if sec.cors_origins:
         app = cors_middleware(app, sec.cors_origins)
     access_log = config.server.log_format == "json"
-    return ObsMiddleware(app, metrics, ROUTE_LABELS, access_log)
+    bodies = bool(config.audit.path and config.audit.bodies)
+    return ObsMiddleware(app, metrics, ROUTE_LABELS, access_log, sinks or (), bodies)
 
 
 def app_from_env() -> ASGIApp:

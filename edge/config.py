@@ -14,6 +14,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+from edge.checks import check
 from sluice_common.options import add_section, option, section_from
 
 ENV_VAR = "SLUICE_EDGE_CONFIG"
@@ -134,6 +135,19 @@ class RoutingConfig:
     # A frozen or silently dead worker is found within keepalive + keepalive timeout:
     # its connection fails, its health Watch with it (out of rotation), and its calls end
     # UNAVAILABLE (retried elsewhere before the first token, continued or ended after).
+    # LoRA adapters (`edge.routing.adapters`): requests name them as their model.
+    loras: list[str] = option(
+        [],
+        "--lora",
+        "adapter NAME=PATH (on the workers) that --lora-autoload may load (repeat)",
+        action="append",
+    )
+    lora_autoload: bool = option(
+        False,
+        "--lora-autoload",
+        "load a known adapter on a worker when a request names it and none holds it",
+        action="store_true",
+    )
     keepalive_s: float = option(2.0, "--keepalive", "gRPC keepalive ping interval, seconds")
     keepalive_timeout_s: float = option(
         2.0, "--keepalive-timeout", "seconds a worker has to answer a keepalive ping"
@@ -181,6 +195,17 @@ class SecurityConfig:
         "NAME=high|normal|low: a key's priority class, its default and ceiling (repeat)",
         action="append",
     )
+    # Budgets and tenants (`edge.security.budgets`, `edge.security.usage`): usage is
+    # counted per key and per tenant (the key's name unless given here).
+    key_budgets: list[str] = option(
+        [],
+        "--key-budget",
+        "NAME=TOKENS/day|month: a key's token budget ('*': every other key; repeat)",
+        action="append",
+    )
+    key_tenants: list[str] = option(
+        [], "--key-tenant", "NAME=TENANT: a key's tenant (usage, fair share)", action="append"
+    )
     max_prompt_chars: int = option(0, "--max-prompt-chars", "longest prompt, characters (0: off)")
     max_tools: int = option(128, "--max-tools", "most tools in one request (OpenAI's 128)")
     max_tools_chars: int = option(
@@ -196,8 +221,8 @@ class SecurityConfig:
 
 @dataclass(slots=True)
 class StoreConfig:
-    """Where limits and session pins live (`edge.store`): this process, or Redis shared by
-    every process and replica."""
+    """Where limits, session pins and stored responses live (`edge.store`): this process,
+    or Redis shared by every process and replica."""
 
     url: str = option(
         "", "--store-url", "shared store, redis://host:port/db ('': this process only)"
@@ -210,6 +235,39 @@ class StoreConfig:
     )
     timeout_s: float = option(0.25, "--store-timeout", "longest wait for one store operation, s")
     prefix: str = option("sluice", "--store-prefix", "prefix of every key in the shared store")
+    responses_ttl_s: float = option(
+        86400.0, "--responses-ttl", "how long a stored response (store: true) is kept, s"
+    )
+    response_max_bytes: int = option(
+        1 << 20,
+        "--response-max-bytes",
+        "largest stored response (its conversation and output, as JSON); a larger one is "
+        "answered but not kept",
+    )
+    local_max_bytes: int = option(
+        64 << 20,
+        "--store-local-bytes",
+        "stored responses this process keeps when it holds them itself (oldest out first)",
+    )
+
+
+@dataclass(slots=True)
+class AuditConfig:
+    """The audit log (`edge.obs.audit`): off unless a path is given."""
+
+    path: str = option("", "--audit-log", "one JSON line per request to PATH ('-': stdout)")
+    bodies: bool = option(
+        False, "--audit-bodies", "add request and response bodies", action="store_true"
+    )
+    redact: list[str] = option(
+        [],
+        "--audit-redact",
+        "/JSON/pointer (* any member) or a regex, redacted from bodies (repeat)",
+        action="append",
+    )
+    max_bytes: int = option(100 << 20, "--audit-max-bytes", "rotate the file past this size")
+    backups: int = option(5, "--audit-backups", "rotated files kept (PATH.1 ... PATH.N)")
+    queue: int = option(10_000, "--audit-queue", "lines waiting for the writer; more: dropped")
 
 
 @dataclass(slots=True)
@@ -236,6 +294,7 @@ class EdgeConfig:
     session: SessionConfig = field(default_factory=SessionConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
+    audit: AuditConfig = field(default_factory=AuditConfig)
     worker_tls: WorkerTLSConfig = field(default_factory=WorkerTLSConfig)
 
     def to_env(self) -> str:
@@ -258,6 +317,7 @@ SECTIONS: dict[str, Any] = {
     "session": SessionConfig,
     "security": SecurityConfig,
     "store": StoreConfig,
+    "audit": AuditConfig,
     "worker_tls": WorkerTLSConfig,
 }
 
@@ -281,35 +341,6 @@ def config_from_args(args: argparse.Namespace) -> EdgeConfig:
     config.routing.admin_key = config.routing.admin_key or os.environ.get(ADMIN_KEY_ENV, "")
     config.stream.resume_secret = resume_secret(config.stream.resume_secret_file)
     return config
-
-
-def check(config: EdgeConfig) -> None:
-    """Values that cannot work, refused at the command line rather than at first use."""
-    s, r, sec = config.stream, config.routing, config.security
-    if s.heartbeat_s <= 0 or s.request_timeout_s <= 0 or config.server.processes < 1:
-        raise SystemExit("--heartbeat and --request-timeout must be positive, --processes >= 1")
-    if r.max_tries < 1 or r.retry_budget_s < 0 or r.max_fails < 0:
-        raise SystemExit("--max-tries must be at least 1, --retry-budget/--max-fails >= 0")
-    if r.load_interval_s < 0 or r.prefix_block_chars < 1 or r.prefix_index_blocks < 1:
-        raise SystemExit("--load-interval >= 0, --prefix-block-chars/--prefix-index-blocks >= 1")
-    if min(sec.rate_limit_rps, sec.rate_limit_burst, sec.max_streams_per_key, sec.tpm_limit) < 0:
-        raise SystemExit("limits must be >= 0")
-    if min(sec.max_prompt_chars, sec.max_tools_chars, sec.max_arguments_chars) < 0:
-        raise SystemExit("--max-prompt-chars, --max-tools-chars, --max-arguments-chars >= 0")
-    if sec.max_tools < 1:
-        raise SystemExit("--max-tools must be at least 1")
-    for entry in sec.key_priorities:
-        name, _, cls = entry.partition("=")
-        if not name or cls.lower() not in ("high", "normal", "low"):
-            raise SystemExit(f"--key-priority {entry!r}: expected NAME=high|normal|low")
-    if config.store.url and not config.store.url.startswith(("redis://", "rediss://", "unix://")):
-        raise SystemExit("--store-url must be redis://, rediss:// or unix://")
-    if config.store.timeout_s <= 0:
-        raise SystemExit("--store-timeout must be positive")
-    if config.session.ttl_s <= 0 or config.session.store_max < 1:
-        raise SystemExit("--session-ttl must be positive, --session-store-max at least 1")
-    if config.session.samesite == "none" and not config.session.secure:
-        raise SystemExit("--session-cookie-samesite none needs --session-cookie-secure")
 
 
 def resume_secret(path: str) -> str:

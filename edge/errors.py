@@ -1,16 +1,20 @@
 """Edge errors and the one gRPC status -> HTTP table. Before the first byte an `ApiError` is an
-HTTP status with an OpenAI error body; after it, the stream's final `event: error` (plus
-`retryable`). Messages are ours or the worker's status details: never a traceback."""
+HTTP status with an error body; after it, the stream's final `event: error` (plus
+`retryable`). The body is in the dialect of the API called (`dialect_of` its path): OpenAI's
+object, or Anthropic's under `/v1/messages`. Messages are ours or the worker's status
+details: never a traceback."""
 
 from __future__ import annotations
 
 import math
 import re
 from dataclasses import dataclass
+from typing import Literal
 
 import grpc
 import orjson
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from sluice_common.contract import FIELD_KEY, RETRY_AFTER_KEY
 
@@ -61,6 +65,29 @@ GRPC_TO_HTTP: dict[grpc.StatusCode, Mapping] = {
     grpc.StatusCode.UNIMPLEMENTED: Mapping(501, "server_error", "unimplemented", False),
 }
 DEFAULT_MAPPING = Mapping(502, "server_error", "upstream_error", False)
+
+Dialect = Literal["openai", "anthropic"]
+ANTHROPIC_PATH = "/v1/messages"
+# Anthropic's error types by HTTP status (its `{"type": "error", "error": {...}}` body);
+# any other 5xx is `api_error`, any other 4xx `invalid_request_error`.
+_ANTHROPIC_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
+
+
+def dialect_of(path: str) -> Dialect:
+    """Whose error shape a path answers in: Anthropic's for its Messages API."""
+    if path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/"):
+        return "anthropic"
+    return "openai"
+
+
 # Status codes with a retry hint: Retry-After is sent even without one from the worker.
 DEFAULT_RETRY_AFTER_S = 1.0
 
@@ -78,6 +105,7 @@ class ApiError(Exception):
         code: str | None = None,
         retryable: bool = False,
         retry_after_s: float | None = None,
+        extra: dict[str, object] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -87,25 +115,36 @@ class ApiError(Exception):
         self.code = code
         self.retryable = retryable
         self.retry_after_s = retry_after_s
+        self.extra = extra  # more fields of the error object (e.g. a budget's reset time)
 
-    def body(self) -> dict[str, object]:
-        """The OpenAI error object."""
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
+    def body(self, dialect: Dialect = "openai") -> dict[str, object]:
+        """The error object: OpenAI's, or Anthropic's (which has no `param`: the message
+        names it)."""
+        if dialect == "anthropic":
+            kind = _ANTHROPIC_TYPES.get(self.status)
+            if kind is None:
+                kind = "api_error" if self.status >= 500 else "invalid_request_error"
+            message = self.message
+            if self.param and self.param not in message:  # name it, if the message does not
+                message = f"{self.param}: {message}"
+            return {"type": "error", "error": {"type": kind, "message": message}}
+        error: dict[str, object] = {
+            "message": self.message,
+            "type": self.type,
+            "param": self.param,
+            "code": self.code,
         }
+        if self.extra:
+            error.update(self.extra)
+        return {"error": error}
 
-    def json(self) -> bytes:
-        return orjson.dumps(self.body())
+    def json(self, dialect: Dialect = "openai") -> bytes:
+        return orjson.dumps(self.body(dialect))
 
-    def event_json(self, last_event_id: str | None = None) -> bytes:
+    def event_json(self, last_event_id: str | None = None, dialect: Dialect = "openai") -> bytes:
         """The data of the final `event: error` of a stream (`last_event_id`: the id of
         the last event the client got, to resume from)."""
-        body = self.body()
+        body = self.body(dialect)
         err = body["error"]
         assert isinstance(err, dict)
         err["retryable"] = self.retryable
@@ -125,15 +164,30 @@ class ApiError(Exception):
         }
 
 
+class ErrorResponse(Response):
+    """An ApiError as a whole HTTP response, its body in the dialect of the path it
+    answers (known only when it is sent: middleware answers with it too)."""
+
+    media_type = "application/json"
+
+    def __init__(self, err: ApiError, headers: dict[str, str]) -> None:
+        super().__init__(err.json(), status_code=err.status, headers=headers)
+        self.err = err
+        self._extra = headers
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        dialect = dialect_of(scope.get("path", ""))
+        if dialect == "openai":
+            await super().__call__(scope, receive, send)
+            return
+        body = self.err.json(dialect)
+        await Response(body, self.status_code, self._extra, self.media_type)(scope, receive, send)
+
+
 def error_response(err: ApiError, headers: dict[str, str] | None = None) -> Response:
     """The one writer of an ApiError as a whole HTTP response (also an ASGI app, so
     middleware answers with it too). `headers`: more of them (e.g. WWW-Authenticate)."""
-    return Response(
-        err.json(),
-        status_code=err.status,
-        headers={**err.headers(), **(headers or {})},
-        media_type="application/json",
-    )
+    return ErrorResponse(err, {**err.headers(), **(headers or {})})
 
 
 def invalid(param: str | None, message: str) -> ApiError:

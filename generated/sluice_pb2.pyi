@@ -315,7 +315,7 @@ class GenerateResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., index: _Optional[int] = ..., chunk: _Optional[_Union[TokenChunk, _Mapping]] = ..., final: _Optional[_Union[Final, _Mapping]] = ..., worker_time_ns: _Optional[int] = ...) -> None: ...
 
 class TokenChunk(_message.Message):
-    __slots__ = ("text", "token_ids", "logprobs", "choice", "tool_calls", "usage", "choice_end", "prompt_token_ids")
+    __slots__ = ("text", "token_ids", "logprobs", "choice", "tool_calls", "usage", "choice_end", "prompt_token_ids", "reasoning")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
@@ -324,6 +324,7 @@ class TokenChunk(_message.Message):
     USAGE_FIELD_NUMBER: _ClassVar[int]
     CHOICE_END_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    REASONING_FIELD_NUMBER: _ClassVar[int]
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
@@ -332,7 +333,8 @@ class TokenChunk(_message.Message):
     usage: Usage
     choice_end: ChoiceEnd
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., choice: _Optional[int] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCallDelta, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., choice_end: _Optional[_Union[ChoiceEnd, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    reasoning: str
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., choice: _Optional[int] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCallDelta, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., choice_end: _Optional[_Union[ChoiceEnd, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., reasoning: _Optional[str] = ...) -> None: ...
 
 class ToolCallDelta(_message.Message):
     __slots__ = ("index", "id", "name", "arguments")
@@ -445,18 +447,42 @@ class ListModelsResponse(_message.Message):
     def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("id", "max_model_len", "engine", "version", "default_max_tokens")
+    __slots__ = ("id", "max_model_len", "engine", "version", "default_max_tokens", "parent", "path", "max_adapters")
     ID_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    MAX_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     id: str
     max_model_len: int
     engine: str
     version: str
     default_max_tokens: int
-    def __init__(self, id: _Optional[str] = ..., max_model_len: _Optional[int] = ..., engine: _Optional[str] = ..., version: _Optional[str] = ..., default_max_tokens: _Optional[int] = ...) -> None: ...
+    parent: str
+    path: str
+    max_adapters: int
+    def __init__(self, id: _Optional[str] = ..., max_model_len: _Optional[int] = ..., engine: _Optional[str] = ..., version: _Optional[str] = ..., default_max_tokens: _Optional[int] = ..., parent: _Optional[str] = ..., path: _Optional[str] = ..., max_adapters: _Optional[int] = ...) -> None: ...
+
+class LoadAdapterRequest(_message.Message):
+    __slots__ = ("name", "path")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    path: str
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ...) -> None: ...
+
+class UnloadAdapterRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class UnloadAdapterResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("model", "chat", "prompt")
@@ -525,7 +551,7 @@ class WatchLoadRequest(_message.Message):
     def __init__(self, min_interval_ms: _Optional[int] = ..., max_interval_ms: _Optional[int] = ...) -> None: ...
 
 class WorkerLoad(_message.Message):
-    __slots__ = ("running", "waiting", "max_running", "kv_cache_usage", "draining", "prefix_cache_hit_rate", "tokens_per_s", "prefix_cache_queried_tokens", "prefix_cache_hit_tokens", "generated_tokens", "kv_cache_tokens", "seq")
+    __slots__ = ("running", "waiting", "max_running", "kv_cache_usage", "draining", "prefix_cache_hit_rate", "tokens_per_s", "prefix_cache_queried_tokens", "prefix_cache_hit_tokens", "generated_tokens", "kv_cache_tokens", "seq", "models_version", "active_adapters")
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
     MAX_RUNNING_FIELD_NUMBER: _ClassVar[int]
@@ -538,6 +564,8 @@ class WorkerLoad(_message.Message):
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
+    MODELS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     running: int
     waiting: int
     max_running: int
@@ -550,4 +578,6 @@ class WorkerLoad(_message.Message):
     generated_tokens: int
     kv_cache_tokens: int
     seq: int
-    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., max_running: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., draining: _Optional[bool] = ..., prefix_cache_hit_rate: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., prefix_cache_queried_tokens: _Optional[int] = ..., prefix_cache_hit_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., kv_cache_tokens: _Optional[int] = ..., seq: _Optional[int] = ...) -> None: ...
+    models_version: int
+    active_adapters: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., max_running: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., draining: _Optional[bool] = ..., prefix_cache_hit_rate: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., prefix_cache_queried_tokens: _Optional[int] = ..., prefix_cache_hit_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., kv_cache_tokens: _Optional[int] = ..., seq: _Optional[int] = ..., models_version: _Optional[int] = ..., active_adapters: _Optional[_Iterable[str]] = ...) -> None: ...

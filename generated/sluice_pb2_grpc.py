@@ -55,6 +55,16 @@ class GenerationStub:
                 request_serializer=generated_dot_sluice__pb2.ListModelsRequest.SerializeToString,
                 response_deserializer=generated_dot_sluice__pb2.ListModelsResponse.FromString,
                 _registered_method=True)
+        self.LoadAdapter = channel.unary_unary(
+                '/sluice.v1.Generation/LoadAdapter',
+                request_serializer=generated_dot_sluice__pb2.LoadAdapterRequest.SerializeToString,
+                response_deserializer=generated_dot_sluice__pb2.ModelInfo.FromString,
+                _registered_method=True)
+        self.UnloadAdapter = channel.unary_unary(
+                '/sluice.v1.Generation/UnloadAdapter',
+                request_serializer=generated_dot_sluice__pb2.UnloadAdapterRequest.SerializeToString,
+                response_deserializer=generated_dot_sluice__pb2.UnloadAdapterResponse.FromString,
+                _registered_method=True)
         self.Tokenize = channel.unary_unary(
                 '/sluice.v1.Generation/Tokenize',
                 request_serializer=generated_dot_sluice__pb2.TokenizeRequest.SerializeToString,
@@ -128,7 +138,30 @@ class GenerationServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListModels(self, request, context):
-        """Lists the models this worker serves (one today).
+        """Lists the models this worker serves: its base model first, then each LoRA adapter
+        loaded beside it (with `parent`, the base model's id, and `path`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LoadAdapter(self, request, context):
+        """Loads a LoRA adapter (PEFT format: a directory on the worker's file system holding
+        `adapter_config.json` and the weights) beside the base model; a start whose `model`
+        names it runs with it. Loading a name again with the same path changes nothing.
+        Errors: INVALID_ARGUMENT naming `name` or `path` (a bad name, a directory that holds
+        no adapter, a rank above the worker's `--max-lora-rank`, weights the engine refuses),
+        ALREADY_EXISTS for a name loaded from another path or the base model's name,
+        RESOURCE_EXHAUSTED when every adapter slot (`--max-loras`) is taken (no retry hint:
+        unload one first), FAILED_PRECONDITION when the worker serves no adapters.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadAdapter(self, request, context):
+        """Unloads an adapter: starts naming it get NOT_FOUND from now on, generations running
+        with it finish first. NOT_FOUND for a name that is not loaded.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -182,6 +215,16 @@ def add_GenerationServicer_to_server(servicer, server):
                     servicer.ListModels,
                     request_deserializer=generated_dot_sluice__pb2.ListModelsRequest.FromString,
                     response_serializer=generated_dot_sluice__pb2.ListModelsResponse.SerializeToString,
+            ),
+            'LoadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadAdapter,
+                    request_deserializer=generated_dot_sluice__pb2.LoadAdapterRequest.FromString,
+                    response_serializer=generated_dot_sluice__pb2.ModelInfo.SerializeToString,
+            ),
+            'UnloadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadAdapter,
+                    request_deserializer=generated_dot_sluice__pb2.UnloadAdapterRequest.FromString,
+                    response_serializer=generated_dot_sluice__pb2.UnloadAdapterResponse.SerializeToString,
             ),
             'Tokenize': grpc.unary_unary_rpc_method_handler(
                     servicer.Tokenize,
@@ -308,6 +351,60 @@ class Generation:
             '/sluice.v1.Generation/ListModels',
             generated_dot_sluice__pb2.ListModelsRequest.SerializeToString,
             generated_dot_sluice__pb2.ListModelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Generation/LoadAdapter',
+            generated_dot_sluice__pb2.LoadAdapterRequest.SerializeToString,
+            generated_dot_sluice__pb2.ModelInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Generation/UnloadAdapter',
+            generated_dot_sluice__pb2.UnloadAdapterRequest.SerializeToString,
+            generated_dot_sluice__pb2.UnloadAdapterResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -15,6 +15,8 @@ from sluice_common.options import add_section, option, section_from
 LOOPS = ("auto", "asyncio", "uvloop")
 EXECUTORS = ("mp", "ray", "uni", "external_launcher")
 BOOL = argparse.BooleanOptionalAction
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the ranks vLLM's LoRA kernels take
+DEFAULT_MAX_LORAS = 4
 
 
 def non_negative(text: str) -> int:
@@ -49,6 +51,12 @@ class SimOptions:
         action=BOOL,
     )
     block_tokens: int = option(16, "--sim-block-size", "prefix cache block, tokens")
+    answer: str = option(
+        "",
+        "--sim-answer",
+        "sim: answer every generation with this text (words, spaces, marks and <tags> as "
+        "tokens) instead of sampling, e.g. a thinking model's '<think> ... </think> ...'",
+    )
     prefill_tokens_per_s: float = option(
         0.0,
         "--sim-prefill-rate",
@@ -147,6 +155,30 @@ class EngineConfig:
         "--default-max-tokens",
         "max_tokens of a start that sets none, bounded by the context "
         "(0: no cap, the rest of the context, as vLLM's server)",
+    )
+    # LoRA adapters beside the base model (`intake/adapters.py`): loaded at start, and at
+    # run time through LoadAdapter / UnloadAdapter.
+    loras: list[str] = option(
+        [],
+        "--lora",
+        "LoRA adapter NAME=PATH (PEFT directory) loaded at start (repeat)",
+        action="append",
+    )
+    max_loras: int | None = option(
+        None,
+        "--max-loras",
+        "LoRA adapters held at once, all kept in the engine (default: 4 with --lora, "
+        "else 0: adapters off)",
+        type=non_negative,
+    )
+    max_lora_rank: int = option(
+        16, "--max-lora-rank", "highest LoRA rank an adapter may have", choices=LORA_RANKS
+    )
+    reasoning_parser: str = option(
+        "",
+        "--reasoning-parser",
+        "vLLM reasoning parser splitting the model's thinking from its answer (chunks' "
+        "`reasoning`), e.g. deepseek_r1, qwen3 (default: none, all output is the answer)",
     )
     sim: SimOptions = field(default_factory=SimOptions)
     vllm: VllmOptions = field(default_factory=VllmOptions)
@@ -354,4 +386,6 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
     engine.vllm.otlp_traces_endpoint = config.otlp_endpoint
     if config.access_log is None:
         config.access_log = config.log_format == "json"
+    if engine.max_loras is None:
+        engine.max_loras = max(DEFAULT_MAX_LORAS, len(engine.loras)) if engine.loras else 0
     return config

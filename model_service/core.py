@@ -15,19 +15,19 @@ from typing import Any
 
 from generated import sluice_pb2 as pb
 from model_service.config import WorkerConfig
-from model_service.constraints.gate import ConstraintGate
-from model_service.constraints.pool import CompilerPool
+from model_service.constraints.gate import ConstraintGate, open_gate
 from model_service.engines.base import CallParser, Engine
 from model_service.errors import NotFound, OutOfRange, SluiceError, Unavailable
 from model_service.generation.run import Generation
 from model_service.generation.runtime import Runtime
 from model_service.generation.store import ReplayStore
 from model_service.intake import decode, tools
+from model_service.intake.adapters import Adapters, parse_flag
 from model_service.intake.admission import Admission
 from model_service.intake.validation import resolve_max_tokens, validate_request
 from model_service.obs import tracing
 from model_service.obs.metrics import WorkerMetrics
-from model_service.types import FinishReason, GenerationRequest, WorkerFigures
+from model_service.types import Adapter, FinishReason, GenerationRequest, WorkerFigures
 
 log = logging.getLogger("sluice.worker")
 
@@ -54,31 +54,17 @@ class WorkerCore:
         self._record_level = logging.INFO if config.access_log else logging.DEBUG
         self.metrics = metrics if metrics is not None else WorkerMetrics()
         self._runtime = Runtime(engine, self, self.metrics.itl, self.store)
+        cfg = config.engine
+        self.adapters = Adapters(cfg.model_name, cfg.max_loras or 0, cfg.max_lora_rank)
+        self._adapter_lock = asyncio.Lock()  # one load at a time: slots are counted before
+        self._unloads: set[asyncio.Task[None]] = set()  # engine unloads after a last generation
         # Set by the server: called when the engine dies (health -> NOT_SERVING).
         self.on_engine_dead: Callable[[], None] | None = None
         self.gate: ConstraintGate | None = None  # `open_gate`, once the engine runs
 
     async def open_gate(self) -> None:
-        """Measure each new constraint's compile from now on (`constraints/`), when the
-        engine names its backend's vocabulary and `--constraint-compilers` is not 0."""
-        limits = self.config.limits
-        if limits.constraint_compilers < 1:
-            return
-        try:
-            vocab = await self.engine.grammar_vocab()
-        except Exception:  # the backend's vocabulary would not build: serve unmeasured
-            log.exception("constraint compiles are not measured: no vocabulary")
-            return
-        if vocab is None:
-            return
-        pool = CompilerPool(
-            vocab,
-            limits.constraint_compilers,
-            limits.max_constraint_compile_s,
-            limits.max_constraint_compile_mb,
-        )
-        pool.start()
-        self.gate = ConstraintGate(pool)
+        """Measure each new constraint's compile from now on (`constraints/`)."""
+        self.gate = await open_gate(self.engine.grammar_vocab, self.config.limits)
 
     async def close_gate(self) -> None:
         gate, self.gate = self.gate, None
@@ -94,6 +80,7 @@ class WorkerCore:
         if not self.ready or self.draining:
             raise Unavailable("worker is draining" if self.draining else "engine is not ready yet")
         model = self.engine.model_info
+        req.adapter = self.adapters.resolve(req.model)
         validate_request(req, model, self.config.limits)
         if not req.request_id:
             req.request_id = uuid.uuid4().hex
@@ -123,6 +110,9 @@ class WorkerCore:
                 detach_grace_s=self._detach_grace(start),
             )
             gen.parsers = parsers
+            if (reasoner := self.engine.reasoner()) is not None:
+                n = req.sampling.n
+                gen.reasoners = [reasoner, *(self.engine.reasoner() for _ in range(n - 1))]
             gen.ticket = ticket
             ticket.displace = gen.cancel
             gen.stamp = start.stamp_times
@@ -150,6 +140,41 @@ class WorkerCore:
             parsers.append(tools.make_parser(req, functools.partial(tools.call_id, seed), factory))
         return parsers
 
+    # -- LoRA adapters (`intake/adapters.py` decides, the engine loads) --------------------
+
+    async def load_adapter(self, name: str, path: str) -> Adapter:
+        """Load an adapter (the one held already when `name` is loaded from `path`).
+        Raises SluiceError."""
+        async with self._adapter_lock:
+            adapter = self.adapters.prepare(name, path)
+            if adapter is None:
+                held = self.adapters.resolve(name)
+                assert held is not None
+                return held
+            await self.engine.load_adapter(adapter)
+            self.adapters.add(adapter)
+        log.info("adapter %s loaded from %s (rank %d)", name, adapter.path, adapter.rank)
+        return adapter
+
+    async def unload_adapter(self, name: str) -> None:
+        """Unregister an adapter now; the engine drops it after its last generation."""
+        adapter = self.adapters.remove(name)
+        log.info("adapter %s unloaded", name)
+        if adapter is not None:
+            await self.engine.unload_adapter(adapter)
+
+    async def load_start_adapters(self) -> None:
+        """The `--lora NAME=PATH` adapters. Raises RuntimeError naming the flag."""
+        cfg = self.config.engine
+        if cfg.max_loras and not self.engine.serves_adapters:
+            raise RuntimeError(f"--max-loras/--lora: the {cfg.engine} engine serves no adapters")
+        for entry in cfg.loras:
+            try:
+                name, path = parse_flag(entry)
+                await self.load_adapter(name, path)
+            except SluiceError as err:
+                raise RuntimeError(f"--lora {entry}: {err.message}") from None
+
     def _detach_grace(self, start: pb.StartGeneration) -> float:
         cfg = self.config.replay
         if start.HasField("detach_grace_ms"):
@@ -165,6 +190,8 @@ class WorkerCore:
         """Run a prepared generation in its own task (it outlives any one consumer)."""
         self.live.add(gen)
         self._idle.clear()
+        if gen.request.adapter is not None:
+            self.adapters.acquire(gen.request.adapter)
         if gen.ticket is not None:  # to the engine at once, or queued (`ticket.turn`)
             self.admission.dispatch(gen.ticket)
         gen.task = gen.loop.create_task(gen.run(), name=f"generation {gen.request_id}")
@@ -199,6 +226,12 @@ class WorkerCore:
         if gen.request.trace_headers is not None:
             tracing.record(gen.request.trace_headers, summary, gen.arrived)
         self.live.discard(gen)
+        if gen.request.adapter is not None:
+            leaving = self.adapters.release(gen.request.adapter)
+            if leaving is not None:  # unloaded while this generation ran: now the engine
+                task = gen.loop.create_task(self.engine.unload_adapter(leaving))
+                self._unloads.add(task)
+                task.add_done_callback(self._unloads.discard)
         if gen.ticket is not None:
             self.admission.release(gen.ticket)
         self.store.ended(gen)

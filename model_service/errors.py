@@ -41,6 +41,12 @@ class Overloaded(SluiceError):
     retryable = True
 
 
+class NoAdapterSlot(SluiceError):
+    """Every LoRA adapter slot is taken: waiting does not help, unloading one does."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
 class Unavailable(SluiceError):
     """The worker is starting, draining or its engine died."""
 

@@ -91,6 +91,7 @@ class Worker:
 
     async def load_engine(self) -> None:
         await self.engine.start()
+        await self.core.load_start_adapters()
         await self.core.open_gate()
         self.core.ready = True
         await self._set_health(SERVING)

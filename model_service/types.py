@@ -109,6 +109,17 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class Adapter:
+    """A LoRA adapter loaded beside the base model. `id` is unique for the worker's life
+    (a name loaded again gets a new one), as vLLM's `LoRARequest` needs."""
+
+    name: str
+    path: str
+    id: int
+    rank: int
+
+
 @dataclass(slots=True)
 class GenerationRequest:
     """One generation as the engine sees it.
@@ -129,6 +140,7 @@ class GenerationRequest:
     template_kwargs: dict[str, Any] | None = None
     documents: tuple[dict[str, str], ...] = ()
     model: str = ""
+    adapter: Adapter | None = None  # the LoRA adapter `model` names (None: the base model)
     timeout_s: float | None = None
     prompt_token_ids: list[int] | None = None
     # What the engine enforces while sampling (set by the caller or by a tool choice).
@@ -183,6 +195,8 @@ class EngineOutput:
     logprobs: list[TokenLogprob] | None = None
     # Engine clock (time.monotonic()) when prefill started, if the engine knows.
     scheduled_at: float | None = None
+    # The model's thinking in this delta, split from `text` by a reasoning parser.
+    reasoning: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,6 +254,8 @@ class LoadFigures:
     prefix_cache_hit_tokens: int = 0
     generated_tokens: int = 0
     kv_cache_tokens: int = 0
+    models_version: int = 0  # changes of the adapters loaded
+    active_adapters: tuple[str, ...] = ()  # adapters with generations now
 
     def key(self) -> tuple[object, ...]:
         """What a change is judged by (rates drift all the time; they ride along)."""
@@ -249,4 +265,6 @@ class LoadFigures:
             self.draining,
             round(self.kv_cache_usage * 100),
             round(self.prefix_cache_hit_rate * 100),
+            self.models_version,
+            self.active_adapters,
         )

@@ -1,4 +1,5 @@
-"""The admin HTTP API (`ROUTES`): pools, weights, workers and rollout plans at runtime.
+"""The admin HTTP API (`ROUTES`): pools, weights, workers, LoRA adapters and rollout plans
+at runtime; the usage ledger (`GET /admin/usage`).
 
 Installed only with an admin key (else 404, as if absent); `edge.security.auth` checks the
 key. Changes apply to new requests and never move a running stream; with a shared store
@@ -19,8 +20,10 @@ from edge.release.fleet_rollouts import FleetRollouts
 from edge.release.plans import parse_plan
 from edge.release.rollouts import Rollouts
 from edge.release.windows import FleetWindows
+from edge.routing.adapters import AdapterRouting
 from edge.routing.pools import PoolConfigError, parse_pool, parse_weight
 from edge.routing.registry import PoolRegistry
+from edge.store import usage
 from edge.store.base import StoreUnavailable
 
 MAX_ADMIN_BODY = 64 * 1024
@@ -140,6 +143,32 @@ async def drain_pool(request: Request, registry: PoolRegistry) -> Response:
     return _json(_one(request, registry, name))
 
 
+def _adapters(request: Request) -> AdapterRouting:
+    adapters: AdapterRouting | None = request.app.state.edge.adapters
+    if adapters is None:
+        raise ApiError(503, "the edge is starting", code="unavailable")
+    return adapters
+
+
+async def list_adapters(request: Request, registry: PoolRegistry) -> Response:
+    return _json(_adapters(request).describe())
+
+
+async def load_adapter(request: Request, registry: PoolRegistry) -> Response:
+    body = await _body(request)
+    name, path = body.get("name"), body.get("path")
+    if not isinstance(name, str) or not name:
+        raise ApiError(400, "'name' must be the adapter's name", param="name")
+    if not isinstance(path, str) or not path:
+        raise ApiError(400, "'path' must be the adapter's directory on the workers", param="path")
+    return _json(await _adapters(request).load(name, path, body.get("workers")), 201)
+
+
+async def unload_adapter(request: Request, registry: PoolRegistry) -> Response:
+    workers = request.query_params.getlist("worker") or None
+    return _json(await _adapters(request).unload(request.path_params["name"], workers))
+
+
 def _rollouts(request: Request) -> Rollouts | FleetRollouts:
     rollouts: Rollouts | FleetRollouts | None = request.app.state.edge.rollouts
     if rollouts is None:
@@ -165,11 +194,32 @@ async def act_on_rollout(request: Request, registry: PoolRegistry) -> Response:
     return _json(await _rollouts(request).act(rid, action))
 
 
+async def get_usage(request: Request, registry: PoolRegistry) -> Response:
+    """Usage by day, key, tenant and model: `from`/`to` (UTC days, YYYY-MM-DD, inclusive;
+    today by default), `key`, `tenant`, `model` filters; the rows and their total."""
+    q = request.query_params
+    today = usage.day_of(time.time())
+    first, last = q.get("from") or q.get("to") or today, q.get("to") or today
+    try:
+        days = usage.days_between(first, last)
+    except ValueError as exc:
+        msg = f"'from' and 'to' must be days (YYYY-MM-DD): {exc}"
+        raise ApiError(400, msg, param="from") from None
+    ledger: usage.Ledger | None = request.app.state.edge.ledger
+    if ledger is None:
+        raise ApiError(503, "the edge is starting", code="unavailable")
+    found = usage.rows(await ledger.cells(days), q.get("key"), q.get("tenant"), q.get("model"))
+    return _json({"from": days[0], "to": days[-1], "data": found, "total": usage.total(found)})
+
+
 # Bodies: POST /admin/pools {"name", "version", "weight", "workers", "rollback", "policy"};
 # PUT .../weight {"weight": 5}; POST .../workers {"address": "host:port"} (DELETE by
 # address or id: its streams finish); POST .../drain: no new sessions, pinned ones move
 # on; POST /admin/rollouts a plan (`edge.release.plans.parse_plan`); actions: pause,
 # resume, abort. `publish=True`: with a shared store the change goes to the fleet.
+# Adapters: POST /admin/adapters {"name", "path", "workers": [address or id] (default:
+# every SERVING worker)}; DELETE /admin/adapters/NAME[?worker=...] (default: every holder).
+# They change the workers, which every edge sees in their load pushes.
 ROUTES = [
     Route("/admin/pools", _admin(list_pools), methods=["GET"]),
     Route("/admin/pools", _admin(create_pool, publish=True), methods=["POST"]),
@@ -183,8 +233,12 @@ ROUTES = [
         methods=["DELETE"],
     ),
     Route("/admin/pools/{name}/drain", _admin(drain_pool, publish=True), methods=["POST"]),
+    Route("/admin/adapters", _admin(list_adapters), methods=["GET"]),
+    Route("/admin/adapters", _admin(load_adapter), methods=["POST"]),
+    Route("/admin/adapters/{name}", _admin(unload_adapter), methods=["DELETE"]),
     Route("/admin/rollouts", _admin(list_rollouts), methods=["GET"]),
     Route("/admin/rollouts", _admin(start_rollout), methods=["POST"]),
     Route("/admin/rollouts/{rid}", _admin(get_rollout), methods=["GET"]),
     Route("/admin/rollouts/{rid}/{action}", _admin(act_on_rollout), methods=["POST"]),
+    Route("/admin/usage", _admin(get_usage), methods=["GET"]),
 ]

@@ -39,16 +39,19 @@ def tool_call_delta(t: pb.ToolCallDelta) -> dict[str, Any]:
 class Collected:
     """One choice of a whole (non-streamed) response, gathered from its chunks."""
 
-    __slots__ = ("calls", "ids", "logprobs", "texts")
+    __slots__ = ("calls", "ids", "logprobs", "reasoning", "texts")
 
     def __init__(self, logprobs: bool) -> None:
         self.texts: list[str] = []
+        self.reasoning: list[str] = []  # the model's thinking (a worker's reasoning parser)
         self.ids: list[int] = []
         self.calls: dict[int, dict[str, Any]] = {}
         self.logprobs: list[dict[str, Any]] | None = [] if logprobs else None
 
     def add(self, chunk: pb.TokenChunk, logprobs: list[dict[str, Any]] | None) -> None:
         self.texts.append(chunk.text)
+        if chunk.reasoning:
+            self.reasoning.append(chunk.reasoning)
         self.ids.extend(chunk.token_ids)
         if logprobs is not None and self.logprobs is not None:
             self.logprobs.extend(logprobs)

@@ -1,7 +1,8 @@
-"""Every request field the OpenAI endpoints know, in one table: served, ignored on purpose,
-or refused by name (set to anything but its "off" value). The parsers check a body against
-it first (a field in no table is a 400 naming it); README's field list is written from it
-(`python -m edge.api.fields`; a test keeps the two equal)."""
+"""Every request field the OpenAI endpoints and Anthropic's Messages API know, in one table
+each: served, ignored on purpose, or refused by name (set to anything but its "off" value).
+The parsers check a body against it first (a field in no table is a 400 naming it);
+README's field list is written from it (`python -m edge.api.fields`; a test keeps the two
+equal)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import orjson
 
 from edge.errors import invalid
 
-Endpoint = Literal["chat", "completion", "responses"]
+Endpoint = Literal["chat", "completion", "responses", "messages"]
 Disposition = Literal["served", "ignored", "refused"]
 
 
@@ -88,7 +89,7 @@ _SAMPLING: dict[str, Field] = {
     "return_token_offsets": refused("not in the contract", False),
     "logprob_token_ids": refused("not in the contract", []),
     "repetition_detection": refused("not in the contract"),
-    "thinking_token_budget": refused("no reasoning models served"),
+    "thinking_token_budget": refused("not in the contract"),
     "vllm_xargs": refused("not in the contract", {}),
     "watermarking": refused("not in the contract"),
     "kv_transfer_params": refused("no disaggregated prefill"),
@@ -100,8 +101,8 @@ _SAMPLING: dict[str, Field] = {
     # at their off values.
     "no_stop_trim": refused("SGLang's; the stop string is always trimmed", False),
     "return_hidden_states": refused("SGLang's; not in the contract", False),
-    "separate_reasoning": ignored("SGLang's; no reasoning models served"),
-    "stream_reasoning": ignored("SGLang's; no reasoning models served"),
+    "separate_reasoning": ignored("SGLang's; a worker's --reasoning-parser always separates it"),
+    "stream_reasoning": ignored("SGLang's; thinking streams as it comes"),
 }
 
 CHAT: dict[str, Field] = {
@@ -114,8 +115,8 @@ CHAT: dict[str, Field] = {
     "tools": served("function tools"),
     "tool_choice": served("none, auto (needs a tool-call parser), required, a named function"),
     "parallel_tool_calls": served(),
-    "reasoning_effort": ignored("no reasoning models served"),
-    "include_reasoning": ignored("no reasoning models served"),
+    "reasoning_effort": ignored("the model thinks as it does"),
+    "include_reasoning": ignored("`reasoning_content` with a worker's --reasoning-parser"),
     "verbosity": ignored("OpenAI's hint for its own models"),
     "echo": served("vLLM's: the final message before the reply, when it is the reply's role"),
     "add_generation_prompt": served("vLLM's; false: the reply's role is the final message's"),
@@ -159,13 +160,13 @@ RESPONSES: dict[str, Field] = {
     "tool_choice": served(),
     "parallel_tool_calls": served(),
     "metadata": served("echoed in the response"),
-    "store": refused("this server keeps no responses", False),
+    "store": served("true keeps the response (default false here)"),
     "truncation": refused("prompts are never truncated", "disabled"),
-    "previous_response_id": refused("this server keeps no responses"),
+    "previous_response_id": served("a stored response of the same key, on any replica"),
     "conversation": refused("this server keeps no conversations"),
     "background": refused("use a stream link (POST /v1/streams)", False),
     "prompt": refused("no stored prompts"),
-    "reasoning": ignored("no reasoning models served (accepted as OpenAI's clients send it)"),
+    "reasoning": ignored("reasoning items come with a worker's --reasoning-parser"),
     "include": refused("not yet (issue 24, #3)", []),
     "max_tool_calls": refused("not in the contract"),
     "top_logprobs": refused("not yet (issue 24, #3)"),
@@ -181,10 +182,44 @@ for _name in ("structured_outputs", "guided_json", "guided_regex", "guided_choic
     RESPONSES.pop(_name)
 RESPONSES.pop("guided_grammar")
 
+# Anthropic's Messages API (`/v1/messages`, and `/v1/messages/count_tokens` by the same table).
+MESSAGES: dict[str, Field] = {
+    "model": served("empty picks the only model"),
+    "messages": served(
+        "user and assistant turns: text, tool_use and tool_result blocks; thinking blocks are"
+        " checked and left out of the prompt"
+    ),
+    "system": served("a string or text blocks: a system message first"),
+    "max_tokens": served("required"),
+    "stop_sequences": served("up to 16 strings"),
+    "temperature": served(),
+    "top_p": served(),
+    "top_k": served(),
+    "stream": served(),
+    "metadata": served("`user_id`: the session key for affinity"),
+    "tools": served("custom tools: name, description, input_schema"),
+    "tool_choice": served(
+        "auto (needs a tool-call parser), any, tool (by name), none; disable_parallel_tool_use"
+    ),
+    "thinking": ignored("a worker with --reasoning-parser answers with thinking blocks"),
+    "service_tier": ignored("Anthropic's capacity tiers; classes come from X-Sluice-Priority"),
+    "output_config": served("`format` (json_schema) as a constraint; `effort` ignored"),
+    "cache_control": ignored("the workers' prefix caches need no markers"),
+    "inference_geo": ignored("one region"),
+    "speed": ignored("one speed"),
+    "diagnostics": ignored("no prompt-cache diagnostics"),
+    "user_profile_id": ignored("keys name the caller"),
+    "workspace_id": ignored("keys name the caller"),
+    "container": refused("no code execution containers"),
+    "mcp_servers": refused("no MCP connector", []),
+    "context_management": refused("no context editing"),
+}
+
 TABLES: dict[Endpoint, dict[str, Field]] = {
     "chat": CHAT,
     "completion": COMPLETION,
     "responses": RESPONSES,
+    "messages": MESSAGES,
 }
 
 
@@ -202,7 +237,7 @@ def check(endpoint: Endpoint, body: dict[str, Any]) -> None:
 
 
 _TITLES = {"chat": "/v1/chat/completions", "completion": "/v1/completions",
-           "responses": "/v1/responses"}  # fmt: skip
+           "responses": "/v1/responses", "messages": "/v1/messages"}  # fmt: skip
 BEGIN, END = "<!-- fields:begin -->", "<!-- fields:end -->"
 
 

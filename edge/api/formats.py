@@ -171,6 +171,8 @@ class ChunkFormat:
             got = self._collected.get(i) or Collected(logprobs)
             reason = reasons.get(i, "stop")
             fields = self.choice(got.text, got.logprobs, got.tool_calls(reason))
+            if got.reasoning and "message" in fields:  # chat: the thinking beside the answer
+                fields["message"]["reasoning_content"] = "".join(got.reasoning)
             choice = {"index": i, **fields, "finish_reason": reason}
             if not self.prompt_top:  # vLLM's fields, null when not asked
                 choice["prompt_token_ids"] = self.prompt_ids if self.token_ids else None
@@ -253,6 +255,8 @@ class ChatFormat(ChunkFormat):
 
     def _choice_delta(self, chunk: pb.TokenChunk, logprobs: Any) -> dict[str, Any] | None:
         delta: dict[str, Any] = {}
+        if chunk.reasoning:  # the model's thinking, as vLLM's reasoning parsers split it
+            delta["reasoning_content"] = chunk.reasoning
         if chunk.text:
             delta["content"] = chunk.text
         if chunk.tool_calls:

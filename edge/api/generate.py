@@ -5,6 +5,7 @@ takes the one send path and no Starlette wrapper."""
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import secrets
@@ -15,8 +16,10 @@ import grpc
 from starlette.requests import Request
 from starlette.responses import Response
 
-from edge.api import affinity, priority
+from edge.api import affinity, priority, stored
 from edge.api.formats import ChatFormat, make_format
+from edge.api.message_events import MessagesFormat
+from edge.api.messages import parse_messages
 from edge.api.pages import ORJSONResponse
 from edge.api.responses import ResponsesFormat, parse_responses
 from edge.api.schema import (
@@ -52,7 +55,14 @@ TIMEOUT_HEADER = "x-request-timeout"  # seconds: the client's own deadline for t
 OPENAI_READ_TIMEOUT_HEADER = "x-stainless-read-timeout"
 _STAMPED_ID = re.compile(r"[0-9a-f]{32}")
 _BROWSER = GenRequest(kind="chat", include_usage=True)  # what stream links render
-_PARSERS = {"chat": parse_chat, "completion": parse_completion, "responses": parse_responses}
+_PARSERS = {
+    "chat": parse_chat,
+    "completion": parse_completion,
+    "responses": parse_responses,
+    "messages": parse_messages,
+}
+# Formats whose events depend on all before them: a resume replays their one generation.
+_REPLAYED = frozenset({"responses", "messages"})
 
 
 def new_request_id() -> str:
@@ -79,6 +89,7 @@ class Prepared:
     owner: bytes  # tag of the caller (API key name) bound into event ids and links
     body: bytes  # tag of the request itself (a resume must send the same one)
     start: pb.StartGeneration  # its request id and detach grace set by the endpoint
+    conversation: stored.Conversation | None = None  # a Responses request's, to store
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -122,16 +133,30 @@ async def _prepare(state: EdgeState, request: Request, kind: Kind) -> Prepared:
     if state.draining:
         raise from_status(grpc.StatusCode.UNAVAILABLE, "this edge is shutting down")
     cfg = state.config
-    given = decode_body(await read_body(request, cfg.server.max_body_bytes))
+    raw = await read_body(request, cfg.server.max_body_bytes)
+    rec = record_of(request.scope)
+    if rec.bodies:  # for the audit log (`--audit-bodies`)
+        rec.request_body = raw
+    given = decode_body(raw)
+    conversation = None
+    request_id = new_request_id()
+    continues = kind == "responses" and given.get("previous_response_id") is not None
+    if continues or (kind == "responses" and given.get("store") is True):
+        # What it continues (`previous_response_id`), what it will store.
+        history = []
+        if continues:
+            history = await stored.previous(state, rec.caller or "", given)
+        conversation = stored.Conversation(history, stored.items(given.get("input"), request_id))
+        if history:
+            given = {**given, "input": [*history, *conversation.input]}
     req = _PARSERS[kind](given)
     check_sizes(req, given, cfg.security)
-    rec = record_of(request.scope)
     asked = request.headers.get(priority.HEADER)
     klass, tenant = state.priorities.of(asked, req.service_tier, rec.caller)  # 400/403 here
+    rec.model = req.model
     reserve = rec.reserve
     if reserve is not None:  # a tokens-per-minute limit: 429 here, before any worker
         await reserve(most_tokens(req))
-    request_id = new_request_id()
     owner = state.codec.tag(rec.caller or "")
     start = req.to_start("")  # the request alone, for its tag; then ours
     body = state.codec.tag(kind.encode() + b"|" + start.SerializeToString(deterministic=True))
@@ -140,7 +165,8 @@ async def _prepare(state: EdgeState, request: Request, kind: Kind) -> Prepared:
     if asked is not None or req.service_tier is not None:  # say which class it got
         rec.headers.append((b"x-sluice-priority", priority.NAMES[start.priority].encode()))
     # The session key comes with the placement (`edge.api.affinity`, in `_failover`).
-    return Prepared(req, "", request_id, trace_id(request, request_id), owner, body, start)
+    trace = trace_id(request, request_id)
+    return Prepared(req, "", request_id, trace, owner, body, start, conversation)
 
 
 def _format(kind: Kind, request_id: str, model: str, req: GenRequest) -> Format:
@@ -148,6 +174,8 @@ def _format(kind: Kind, request_id: str, model: str, req: GenRequest) -> Format:
     created = created_at(request_id)
     if kind == "responses":
         return ResponsesFormat(request_id, model, created, req.echo)
+    if kind == "messages":
+        return MessagesFormat(request_id, model)
     fmt = make_format(kind, request_id, model, created, req.include_usage, req.n)
     fmt.continuous_usage = req.continuous_usage
     fmt.token_ids = req.return_token_ids
@@ -173,15 +201,17 @@ async def _failover(
     if req.prompt_tokens is not None:  # ids as text: a shared id prefix is a shared prefix
         text = " ".join(map(str, req.prompt_tokens))
     prompt = Prompt(messages, text)
+    if state.adapters is not None:
+        await state.adapters.ensure(req.model)  # --lora-autoload
     worker, p.key = await tracing.route_awaiting(
         affinity.place(state.sessions(), state.cookies, request, req.model, req.user, prompt)
     )
     start = p.start
     start.detach_grace_ms = int(detach_grace_s * 1000)
     start.stamp_times = stamps
-    # A Responses stream's events depend on all before them: it resumes by replaying its
-    # one generation, so it is never continued as a second one elsewhere.
-    continuable = req.kind != "responses"
+    # A Responses or Messages stream's events depend on all before them: it resumes by
+    # replaying its one generation, so it is never continued as a second one elsewhere.
+    continuable = req.kind not in _REPLAYED
     route = Route(req.model, p.key, prompt)
     open_call = open_session_call if state.config.routing.upstream == "session" else GenerateCall
     return FailoverCall(
@@ -197,7 +227,7 @@ async def _failover(
 
 
 async def generate(state: EdgeState, request: Request, kind: Kind) -> Response | GenerationResponse:
-    """POST /v1/chat/completions and /v1/completions."""
+    """POST /v1/chat/completions, /v1/completions, /v1/responses and /v1/messages."""
     cfg = state.config.stream
     p = await _prepare(state, request, kind)
     last_event_id = request.headers.get(LAST_EVENT_ID)
@@ -218,12 +248,14 @@ async def generate(state: EdgeState, request: Request, kind: Kind) -> Response |
     timeout = timeout_s(request, p.req.stream, cfg.request_timeout_s)
     call = await _failover(state, request, p, cfg.detach_grace_s, timeout, stamps)
     req = p.req
-    fmt = _format(kind, p.request_id, req.model or call.worker.model_id(), req)
+    model = req.model or call.worker.model_id()
+    fmt = _format(kind, p.request_id, model, req)
     job = Job(
         request_id=p.request_id,
         trace_id=p.trace_id,
         call=call,
         fmt=fmt,
+        model=model,
         stream=p.req.stream,
         logprobs=p.req.logprobs is not None,
         config=cfg,
@@ -237,8 +269,11 @@ async def generate(state: EdgeState, request: Request, kind: Kind) -> Response |
         or bool(req.tools)
         or req.continuous_usage
         or req.return_token_ids
-        or kind == "responses",
+        or kind in _REPLAYED,
     )
+    if isinstance(fmt, ResponsesFormat) and req.echo.get("store") and p.conversation:
+        caller = record_of(request.scope).caller or ""
+        job.keep = functools.partial(stored.keep, state, caller, fmt, p.conversation)
     return GenerationResponse(job)
 
 
@@ -261,7 +296,8 @@ def _resume(
     trace = trace_id(request, point.request_id)
     cfg = state.config.stream
     original = split_id(point.request_id)[0]  # a continuation's chunks keep the stream's id
-    fmt = _format(kind, original, req.model or worker.model_id(), req)
+    model = req.model or worker.model_id()
+    fmt = _format(kind, original, model, req)
     call = ResumeCall(
         worker,
         point.request_id,
@@ -275,6 +311,7 @@ def _resume(
         trace_id=trace,
         call=call,
         fmt=fmt,
+        model=model,
         stream=True,
         logprobs=False,
         config=cfg,

@@ -88,7 +88,8 @@ def render_metrics(state: EdgeState) -> bytes:
 
 
 async def list_models(request: Request) -> Response:
-    """GET /v1/models: the models of every SERVING worker, asked now (ListModels)."""
+    """GET /v1/models: the models of every SERVING worker, asked now (ListModels), LoRA
+    adapters included (with `parent`)."""
     state = _state(request)
     workers = [w for w in state.workers().workers if w.serving]
     if not workers:
@@ -112,6 +113,9 @@ async def list_models(request: Request) -> Response:
                     "max_model_len": m.max_model_len,
                     "engine": m.engine,
                     "version": m.version,
+                    # As vLLM lists LoRA adapters: the base model's id, the adapter's path.
+                    "parent": m.parent or None,
+                    "root": m.path or m.id,
                 },
             )
     if not seen and last_error is not None:

@@ -1,7 +1,8 @@
 """A request's priority class (high, normal, low) and tenant, as the worker's admission queue
 takes them: `X-Sluice-Priority`, else `service_tier`, else the key's class, which is also
 its ceiling (a header above it: 403; a tier above it: served at the key's class). The
-tenant is the API key's name (one tenant with authentication off)."""
+tenant is the key's (`--key-tenant NAME=TENANT`), else the API key's name (one tenant
+with authentication off)."""
 
 from __future__ import annotations
 
@@ -75,10 +76,12 @@ class Priorities:
 
     keys: Mapping[str, Class] = field(default_factory=dict)
     auth: bool = False
+    tenants: Mapping[str, str] = field(default_factory=dict)  # key name -> tenant
 
     def of(self, header: str | None, tier: str | None, caller: str | None) -> tuple[Class, str]:
         """(class, tenant) for a request from `caller` (the key's name)."""
         if not self.auth:
             return resolve(header, tier, None), ""
         name = caller or ""
-        return resolve(header, tier, self.keys.get(name, pb.PRIORITY_NORMAL)), name
+        klass = resolve(header, tier, self.keys.get(name, pb.PRIORITY_NORMAL))
+        return klass, self.tenants.get(name, name)

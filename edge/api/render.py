@@ -1,7 +1,8 @@
-"""vLLM's render endpoints (`/v1/chat/completions/render`, `/v1/completions/render`): a
-prompt's token ids, answered as vLLM's server does, so token-aware routers (vllm-router's
-`cache_aware`) can put edges behind them. A worker's `Tokenize` makes them (template
-included): exactly what a generation would prefill."""
+"""A prompt's tokens without generating. vLLM's render endpoints
+(`/v1/chat/completions/render`, `/v1/completions/render`): its token ids, answered as
+vLLM's server does, so token-aware routers (vllm-router's `cache_aware`) can put edges
+behind them; Anthropic's `/v1/messages/count_tokens`: their number. A worker's `Tokenize`
+makes them (template included): exactly what a generation would prefill."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from edge.api.generate import new_request_id, read_body
+from edge.api.messages import parse_messages
 from edge.api.pages import ORJSONResponse
 from edge.api.schema import Kind, decode_body, parse_chat, parse_completion
 from edge.api.sizes import check_sizes
@@ -32,3 +34,15 @@ async def render(state: EdgeState, request: Request, kind: Kind) -> Response:
     ids = await worker.tokenize(tokenize)
     out = {"request_id": new_request_id(), "token_ids": ids}
     return ORJSONResponse(out if kind == "chat" else [out])
+
+
+async def count_tokens(state: EdgeState, request: Request) -> Response:
+    """POST /v1/messages/count_tokens: `{"input_tokens": N}` for a Messages body."""
+    cfg = state.config
+    body = decode_body(await read_body(request, cfg.server.max_body_bytes))
+    req = parse_messages(body, count=True)
+    check_sizes(req, body, cfg.security)
+    tokenize = pb.TokenizeRequest(model=req.model)
+    tokenize.chat.CopyFrom(req.chat_input())
+    ids = await state.workers().pick(req.model).tokenize(tokenize)
+    return ORJSONResponse({"input_tokens": len(ids)})

@@ -1,7 +1,7 @@
 """OpenAI's Responses API (`POST /v1/responses`): the request as a chat generation, the
-response as named SSE events or one `response` object. `previous_response_id` and
-`store: true` are refused by name (no responses are kept); each event depends on all
-before it, so a resume replays from the start (`replay_from_start`)."""
+response as named SSE events or one `response` object (`store: true` keeps it:
+`edge.api.stored`). Each event depends on all before it, so a resume replays from the
+start (`replay_from_start`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from generated import sluice_pb2 as pb
 
 _dumps = orjson.dumps
 _ROLES = frozenset({"system", "developer", "user", "assistant"})
-_ECHO = ("temperature", "top_p", "max_output_tokens", "instructions", "metadata", "user")
+_ECHO = ("temperature", "top_p", "max_output_tokens", "instructions", "metadata", "user",
+         "previous_response_id")  # fmt: skip
 
 
 def _text_of(content: Any, param: str) -> str:
@@ -160,6 +161,10 @@ def parse_responses(body: dict[str, Any]) -> GenRequest:
     req.echo["tool_choice"] = body.get("tool_choice") or "auto"
     req.echo["parallel_tool_calls"] = True if parallel is None else parallel
     req.echo["text"] = body.get("text") or {"format": {"type": "text"}}
+    store = body.get("store")
+    if store is not None and not isinstance(store, bool):
+        raise invalid("store", "'store' must be a boolean")
+    req.echo["store"] = bool(store)  # kept only when asked (OpenAI's default is true)
     return req
 
 
@@ -203,6 +208,7 @@ class ResponsesFormat:
         self._items: list[dict[str, Any]] = []  # output items, the last one may be open
         self._open = False
         self._calls: dict[int, dict[str, Any]] = {}  # call index -> its item
+        self.final: dict[str, Any] | None = None  # the finished response (`store: true`)
 
     # -- events -------------------------------------------------------------------------
 
@@ -236,6 +242,10 @@ class ResponsesFormat:
             ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
             self._ev(out, seq, "response.output_text.done", **ids, text=part["text"], logprobs=[])
             self._ev(out, seq, "response.content_part.done", **ids, part=part)
+        elif item["type"] == "reasoning":
+            ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
+            text = item["content"][0]["text"]
+            self._ev(out, seq, "response.reasoning_text.done", **ids, text=text)
         else:
             args = item["arguments"]
             ids = {"item_id": item["id"], "output_index": index}
@@ -247,7 +257,7 @@ class ResponsesFormat:
         self._items.append(item)
         self._open = True
         index = len(self._items) - 1
-        added = {**item, "content": []} if item["type"] == "message" else item
+        added = {**item, "content": []} if item["type"] in ("message", "reasoning") else item
         self._ev(out, seq, "response.output_item.added", output_index=index, item=added)
         if item["type"] == "message":
             part = {"type": "output_text", "text": "", "annotations": []}
@@ -257,8 +267,23 @@ class ResponsesFormat:
     def delta(self, text: str, logprobs: Any) -> bytes:
         raise NotImplementedError("Responses streams are rendered through `events`")
 
+    def _reasoning(self, out: list[Event], seq: int, text: str) -> None:
+        """The model's thinking: a `reasoning` item (its text as `reasoning_text`)."""
+        item = self._items[-1] if self._open else None
+        if item is None or item["type"] != "reasoning":
+            n = sum(1 for i in self._items if i["type"] == "reasoning")
+            self._add(out, seq, {"id": f"rs_{self._rid}_{n}", "type": "reasoning", "summary": [],
+                                 "content": [{"type": "reasoning_text", "text": ""}],
+                                 "status": "in_progress"})  # fmt: skip
+            item = self._items[-1]
+        item["content"][0]["text"] += text
+        ids = {"item_id": item["id"], "output_index": len(self._items) - 1, "content_index": 0}
+        self._ev(out, seq, "response.reasoning_text.delta", **ids, delta=text)
+
     def events(self, chunk: pb.TokenChunk, logprobs: Any, seq: int) -> list[Event]:
         out: list[Event] = []
+        if chunk.reasoning:
+            self._reasoning(out, seq, chunk.reasoning)
         if chunk.text:
             item = self._items[-1] if self._open else None
             if item is None or item["type"] != "message":
@@ -291,10 +316,9 @@ class ResponsesFormat:
     def ending(self, final: pb.Final, seq: int) -> list[Event]:
         out: list[Event] = []
         self._close(out, seq)
-        if final.reason == pb.FINISH_REASON_LENGTH:
-            self._ev(out, seq, "response.incomplete", response=self._response("incomplete", final))
-        else:
-            self._ev(out, seq, "response.completed", response=self._response("completed", final))
+        status = "incomplete" if final.reason == pb.FINISH_REASON_LENGTH else "completed"
+        self.final = self._response(status, final)
+        self._ev(out, seq, f"response.{status}", response=self.final)
         return out
 
     # -- whole responses ----------------------------------------------------------------
@@ -308,4 +332,5 @@ class ResponsesFormat:
     def whole(self, final: pb.Final, logprobs: bool) -> dict[str, Any]:
         self._close([], 0)
         status = "incomplete" if final.reason == pb.FINISH_REASON_LENGTH else "completed"
-        return self._response(status, final)
+        self.final = self._response(status, final)
+        return self.final

@@ -12,7 +12,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from edge.api import admin, generate, pages, render
+from edge.api import admin, generate, pages, render, stored
 from edge.api.state import EdgeState
 from edge.errors import ApiError, error_response, internal_error
 from edge.obs.record import record_of
@@ -27,10 +27,12 @@ GENERATION_ROUTES: dict[str, tuple[frozenset[str], Endpoint]] = {
     "/v1/chat/completions": (POST, lambda s, r: generate.generate(s, r, "chat")),
     "/v1/completions": (POST, lambda s, r: generate.generate(s, r, "completion")),
     "/v1/responses": (POST, lambda s, r: generate.generate(s, r, "responses")),
+    "/v1/messages": (POST, lambda s, r: generate.generate(s, r, "messages")),  # Anthropic's
     "/v1/streams": (POST, generate.create_stream),
     # vLLM's render endpoints (token ids only): token-aware routers in front of edges.
     "/v1/chat/completions/render": (POST, lambda s, r: render.render(s, r, "chat")),
     "/v1/completions/render": (POST, lambda s, r: render.render(s, r, "completion")),
+    "/v1/messages/count_tokens": (POST, render.count_tokens),
 }
 PAGE_ROUTES = [
     Route("/", pages.chat_page, methods=["GET"]),
@@ -40,6 +42,9 @@ PAGE_ROUTES = [
     Route("/version", pages.version, methods=["GET"]),  # vLLM's
     Route("/readyz", pages.readyz, methods=["GET"]),
     Route("/metrics", pages.metrics, methods=["GET"]),
+    # Stored Responses (`store: true`).
+    Route("/v1/responses/{response_id}", stored.response, methods=["GET", "DELETE"]),
+    Route("/v1/responses/{response_id}/input_items", stored.input_items, methods=["GET"]),
 ]
 # Every route label the metrics know (parameters as templates).
 ROUTE_LABELS = [

@@ -23,7 +23,7 @@ MAX_MODEL_NAME = 256
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for /v1/completions
 MAX_N = 16  # the contract's limit
 
-Kind = Literal["chat", "completion", "responses"]
+Kind = Literal["chat", "completion", "responses", "messages"]
 
 
 @dataclass(slots=True)

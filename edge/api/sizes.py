@@ -35,11 +35,17 @@ def check_sizes(req: GenRequest, body: dict[str, Any], limits: SecurityConfig) -
 
 def _history_arguments(req: GenRequest, body: dict[str, Any]) -> Iterator[tuple[str, str]]:
     """Each history tool call's arguments with its field's name: chat messages map one to
-    one onto the body's, Responses `function_call` items are read from `input`."""
+    one onto the body's, Messages `tool_use` blocks are named by their id, Responses
+    `function_call` items are read from `input`."""
     if req.kind == "chat":
         for i, m in enumerate(req.messages or ()):
             for j, call in enumerate(m.tool_calls):
                 yield f"messages[{i}].tool_calls[{j}].function.arguments", call.arguments
+        return
+    if req.kind == "messages":  # turns split into several messages: named by the call
+        for m in req.messages or ():
+            for call in m.tool_calls:
+                yield f"messages (tool_use {call.id[:64]!r}).input", call.arguments
         return
     items = body.get("input")
     for i, item in enumerate(items if isinstance(items, list) else ()):

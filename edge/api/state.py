@@ -17,9 +17,12 @@ from edge.obs.multiproc import SharedMetrics
 from edge.release.fleet_rollouts import FleetRollouts
 from edge.release.rollouts import Rollouts
 from edge.release.windows import FleetWindows
+from edge.routing.adapters import AdapterRouting
 from edge.routing.fleet import FleetSync
 from edge.routing.pinning import Pinning
 from edge.routing.registry import PoolRegistry
+from edge.store.base import Store
+from edge.store.usage import Ledger
 from edge.stream.ids import ResumeCodec
 
 
@@ -29,11 +32,14 @@ class EdgeState:
     metrics: Metrics = field(default_factory=Metrics)
     registry: PoolRegistry | None = None  # set at startup (lifespan), as are...
     pinning: Pinning | None = None  # ... the sessions' pools
+    adapters: AdapterRouting | None = None  # ... and the LoRA adapters' loading
     rollouts: Rollouts | FleetRollouts | None = None  # ... and the rollout plans
     fleet: FleetSync | None = None  # ... and, with a shared store, the fleet's pools
     windows: FleetWindows | None = None  # ... and the fleet's canary windows
     shared_metrics: SharedMetrics | None = None  # --processes N: /metrics for them all
     priorities: Priorities = field(default_factory=Priorities)  # the keys' classes
+    ledger: Ledger | None = None  # usage per key, tenant, model and day (/admin/usage)
+    store: Store | None = None  # limits, pins and stored responses (set by the bootstrap)
     draining: bool = False
     codec: ResumeCodec = field(init=False)
     detached: DetachedStreams = field(init=False)  # browser streams' held slots

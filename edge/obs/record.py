@@ -1,12 +1,13 @@
 """One record per HTTP request (`RequestRecord`, in the scope under `RECORD`, filled by the
 inner layers) and the one `send` wrapper (`ObsMiddleware`, outermost): status and extra
 headers at the start, bytes, `on_complete` as the last byte goes out, the access record.
-Routes with parameters count under their template: capabilities never become labels."""
+Routes with parameters count under their template: capabilities never become labels.
+Sinks (usage accounting, the audit log) get each record once the request is over."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from starlette.routing import compile_path
@@ -17,6 +18,8 @@ from edge.obs.logs import access_log, access_record
 from edge.obs.metrics import Metrics
 
 RECORD = "sluice.record"
+MAX_AUDIT_RESPONSE_BYTES = 1 << 20  # of a response kept for the audit log, at most
+Sink = Callable[[Scope, "RequestRecord", float], None]  # (scope, record, seconds it took)
 
 
 @dataclass(slots=True)
@@ -25,13 +28,26 @@ class RequestRecord:
 
     route: str
     caller: str | None = None  # the API key's name (security sets it)
+    tenant: str = ""  # the key's tenant (security sets it)
+    model: str = ""  # the model a generation asked for (or its worker's)
+    worker: str = ""  # the worker that held the generation at its end
+    # The generation's original request id, set when its final's usage is noted (resumes
+    # and continuations share it): what usage accounting counts once.
+    generation: str = ""
     request_id: str = ""
     trace_id: str = ""
     status: int = 0
     bytes_sent: int = 0
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    cached_tokens: int | None = None
     finish: str | None = None
+    # With `--audit-bodies` (`bodies` set by `ObsMiddleware`), for API calls (a caller):
+    # the request's body as the handler read it, the response's bytes as they went out
+    # (up to a cap). Not /metrics, /admin or the public pages.
+    bodies: bool = False
+    request_body: bytes | None = None
+    response_body: list[bytes] | None = None
     on_complete: list[Callable[[], None]] = field(default_factory=list)
     # Set by the limits while a stream slot is held: keeps the slot past this request
     # and returns its release (a detached generation holds it).
@@ -79,25 +95,39 @@ class ObsMiddleware:
     """See the module docstring."""
 
     def __init__(
-        self, app: ASGIApp, metrics: Metrics, routes: Iterable[str], access_log: bool
+        self,
+        app: ASGIApp,
+        metrics: Metrics,
+        routes: Iterable[str],
+        access_log: bool,
+        sinks: Sequence[Sink] = (),
+        bodies: bool = False,
     ) -> None:
         self.app = app
         self.metrics = metrics
         self.route = RouteLabels(routes)
         self.access_log = access_log
+        self.sinks = tuple(sinks)
+        self.bodies = bodies  # keep bodies in the record for a sink (the audit log)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         rec = scope[RECORD] = RequestRecord(route=self.route(scope["path"]))
+        if self.bodies:
+            rec.bodies, rec.response_body = True, []
         span = tracing.start_request(scope, rec.route)  # None unless tracing is on
         requests = self.metrics.requests
         t0 = time.perf_counter()
 
         async def observed_send(message: Message) -> None:
             if message["type"] == "http.response.body":
-                rec.bytes_sent += len(message.get("body", b""))
+                body = message.get("body", b"")
+                kept = rec.response_body
+                if kept is not None and rec.caller and rec.bytes_sent < MAX_AUDIT_RESPONSE_BYTES:
+                    kept.append(body)
+                rec.bytes_sent += len(body)
                 if not message.get("more_body", False):
                     rec.complete()
             elif message["type"] == "http.response.start":
@@ -113,6 +143,9 @@ class ObsMiddleware:
             rec.complete()
             if span is not None:
                 tracing.end_request(span, rec.status, rec.route, rec.request_id)
+            took = time.perf_counter() - t0
             if self.access_log:
-                fields = access_record(scope, rec, time.perf_counter() - t0)
+                fields = access_record(scope, rec, took)
                 access_log.info("%s %s %d", scope["method"], rec.route, rec.status, extra=fields)
+            for sink in self.sinks:
+                sink(scope, rec, took)

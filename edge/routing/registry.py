@@ -159,6 +159,8 @@ class PoolRegistry:
                 for w in pool.workers.values()
                 if w.address not in exclude and ok(w, now) and _has_model(w, model)
             ]
+            if model and len(ws) > 1:  # adapter affinity: where it is at work already
+                ws = [w for w in ws if w.warm(model)] or ws
             if ws:
                 groups.append((pool, ws))
         return groups

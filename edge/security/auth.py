@@ -13,7 +13,7 @@ import os
 import re
 import secrets
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -157,12 +157,16 @@ def classify(method: str, path: str) -> str:
 
 
 def bearer(scope: Scope) -> str:
-    """The token of an `Authorization: Bearer ...` header, or ""."""
+    """The token of an `Authorization: Bearer ...` header, else of `X-Api-Key` (how
+    Anthropic's clients send a key), or ""."""
+    api_key = ""
     for name, value in scope.get("headers", ()):
         if name == b"authorization":
             scheme, _, token = value.decode("latin-1").strip().partition(" ")
             return token.strip() if scheme.lower() == "bearer" else ""
-    return ""
+        if name == b"x-api-key":
+            api_key = value.decode("latin-1").strip()
+    return api_key
 
 
 def unauthorized(message: str) -> ApiError:
@@ -174,13 +178,21 @@ def forbidden(message: str) -> ApiError:
 
 
 class AuthMiddleware:
-    """Checks the key a request needs (`classify`); puts the caller's name in the
-    request's record (`edge.obs.record`) for API requests, so limits and access logs
+    """Checks the key a request needs (`classify`); puts the caller's name and tenant in
+    the request's record (`edge.obs.record`) for API requests, so limits, usage and logs
     know who called. The only place the admin key is checked."""
 
-    def __init__(self, app: ASGIApp, keys: KeyStore, admin: str, failures: dict[str, int]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        keys: KeyStore,
+        admin: str,
+        failures: dict[str, int],
+        tenants: Mapping[str, str] | None = None,
+    ) -> None:
         self.app = app
         self.keys = keys
+        self.tenants = tenants or {}  # key name -> tenant (`--key-tenant`; else the name)
         self.admin = digest(admin) if admin else None
         self.failures = failures  # Metrics.auth_failures: counted by reason
 
@@ -214,12 +226,13 @@ class AuthMiddleware:
         if not token:
             return unauthorized(
                 "You didn't provide an API key. Send it in an Authorization header "
-                "(Authorization: Bearer YOUR_KEY)."
+                "(Authorization: Bearer YOUR_KEY) or an X-Api-Key header."
             )
         name = self.keys.identify(token)
         if name is None:
             return unauthorized("Incorrect API key provided.")
-        record_of(scope).caller = name
+        rec = record_of(scope)
+        rec.caller, rec.tenant = name, self.tenants.get(name, name)
         return None
 
     def _check_admin(self, token: str, path: str) -> ApiError | None:

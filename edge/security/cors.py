@@ -1,7 +1,8 @@
 """CORS for browsers on other origins: Starlette's CORSMiddleware over an allowlist
-(`--cors-origin`). Keys travel in `Authorization`, never in cookies, so credentials are
-never allowed and `*` means any origin without them; preflights are answered before
-authentication, and errors (401, 429) carry the headers too."""
+(`--cors-origin`). Keys travel in `Authorization` (or Anthropic's `X-Api-Key`), never in
+cookies, so credentials are never allowed and `*` means any origin without them;
+preflights are answered before authentication, and errors (401, 429) carry the headers
+too."""
 
 from __future__ import annotations
 
@@ -11,13 +12,15 @@ from collections.abc import Sequence
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp
 
-ALLOW_METHODS = ("GET", "POST", "OPTIONS")
+ALLOW_METHODS = ("GET", "POST", "DELETE", "OPTIONS")  # DELETE: a stored response
 ALLOW_HEADERS = (
+    "anthropic-version",  # what Anthropic's clients send with their key
     "authorization",
     "content-type",
     "last-event-id",
     "x-request-id",
     "x-request-timeout",
+    "x-api-key",
     "x-session-id",
 )
 EXPOSE_HEADERS = ("x-request-id", "retry-after", "retry-after-ms", "x-sluice-worker")

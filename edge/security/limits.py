@@ -1,7 +1,8 @@
 """Per-key limits, kept in the store so that they hold for the fleet: requests per second (a
 token bucket), concurrent generations (a lease until the last byte or the ASGI call's
-end), tokens per minute (reserved once the body is parsed, settled at the end). The
-caller is the API key's name ("anonymous" with authentication off: edge-wide limits)."""
+end), tokens per minute (reserved once the body is parsed, settled at the end); a key's budget
+(`budgets.py`) before them. The caller is the API key's name ("anonymous" with
+authentication off: edge-wide limits)."""
 
 from __future__ import annotations
 
@@ -16,13 +17,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from edge.errors import ApiError, error_response
 from edge.obs.record import RequestRecord, record_of
+from edge.security.budgets import Budgets
 from edge.store.base import Store, StoreUnavailable
 from edge.store.memory import TokenBucket
 
 __all__ = ["LimitsMiddleware", "TokenBucket", "rate_limited"]
 
 GENERATION_PATHS = frozenset(
-    {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/streams"}
+    {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/streams"}
 )
 CONCURRENCY_RETRY_S = 1.0  # no way to know when a stream ends: a plain hint
 # A stream slot's lease in the store lapses this long after its holder stops renewing
@@ -33,8 +35,8 @@ LEASE_TTL_S = 30.0
 @dataclass(slots=True)
 class Limits:
     """The per-key limits (0: off). `max_streams` counts generations (chat, completions,
-    responses, streamed or not; a browser stream's `POST /v1/streams` holds its slot while
-    its detached generation may run). A generation whose usage is unknown at its end (the
+    responses, messages, streamed or not; a browser stream's `POST /v1/streams` holds its
+    slot while its detached generation may run). A generation whose usage is unknown at its end (the
     client left, a detached stream) keeps its `tpm` reservation."""
 
     rate: float = 0.0
@@ -94,11 +96,17 @@ class LimitsMiddleware:
     """Rate, concurrency and token limits for requests that carry a caller (module doc)."""
 
     def __init__(
-        self, app: ASGIApp, limits: Limits, store: Store, rejections: dict[str, int]
+        self,
+        app: ASGIApp,
+        limits: Limits,
+        store: Store,
+        rejections: dict[str, int],
+        budgets: Budgets | None = None,
     ) -> None:
         self.app = app
         self.limits = limits
         self.store = store
+        self.budgets = budgets or None  # None when no key has a budget
         self.rate = limits.rate
         self.burst = float(limits.burst or max(1, math.ceil(limits.rate)))
         self.rejections = rejections  # Metrics.admission_rejections: counted by reason
@@ -113,7 +121,12 @@ class LimitsMiddleware:
         generation = scope["path"] in GENERATION_PATHS
         lease = secrets.token_hex(8) if self.limits.max_streams and generation else ""
         try:
-            refusal = await self._admit(caller, lease)
+            # A key past its budget is refused before it spends a rate token or a slot.
+            refusal = await self.budgets.check(caller) if self.budgets and generation else None
+            if refusal is not None:
+                self.rejections["budget"] += 1
+            else:
+                refusal = await self._admit(caller, lease)
         except StoreUnavailable as exc:
             self.rejections["store_unavailable"] += 1
             refusal = store_down(exc)

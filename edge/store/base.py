@@ -1,7 +1,8 @@
 """The shared store's interface (`Store`): token buckets on the store's clock, expiring
-leases, a generation's two ends in one step each (`admit`, `finish`: one round trip), and
-session pins. In this process (`memory`), in Redis (`redis`), or chosen between when
-Redis fails (`guarded`). Keys are opaque: the limiters and pinning choose them."""
+leases, a generation's two ends in one step each (`admit`, `finish`: one round trip),
+session pins, and expiring documents (stored Responses). In this process (`memory`), in
+Redis (`redis`), or chosen between when Redis fails (`guarded`). Keys are opaque: their
+users choose them."""
 
 from __future__ import annotations
 
@@ -64,6 +65,18 @@ class Store(Protocol):
 
     async def put_pin(self, key: str, pool: str, ttl_s: float) -> None:
         """Pin session `key` to `pool` for `ttl_s`."""
+        ...
+
+    async def get_doc(self, key: str) -> str | None:
+        """The document `key` (JSON text), or None (never put, expired, deleted, evicted)."""
+        ...
+
+    async def put_doc(self, key: str, doc: str, ttl_s: float) -> None:
+        """Keep document `key` for `ttl_s`."""
+        ...
+
+    async def delete_doc(self, key: str) -> bool:
+        """Drop document `key`; whether it was there."""
         ...
 
     async def close(self) -> None:

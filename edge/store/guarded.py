@@ -2,7 +2,8 @@
 (operations meanwhile skip Redis), then the next tries it again, so recovery needs no
 restart. Open: this process's limits, counting the streams it holds in the shared store
 too (one replica never runs more than a limit alone); closed: `StoreUnavailable` (503).
-Pins fall back to this process in both; a lease is released where it was taken."""
+Pins and documents fall back to this process in both; a lease is released where it was
+taken."""
 
 from __future__ import annotations
 
@@ -155,6 +156,32 @@ class Guarded:
             except StoreUnavailable as exc:
                 self._down(exc)
         await self.local.put_pin(key, pool, ttl_s)
+
+    async def get_doc(self, key: str) -> str | None:
+        if self.up:
+            try:
+                return await self.shared.get_doc(key)
+            except StoreUnavailable as exc:
+                self._down(exc)
+        return await self.local.get_doc(key)
+
+    async def put_doc(self, key: str, doc: str, ttl_s: float) -> None:
+        if self.up:
+            try:
+                await self.shared.put_doc(key, doc, ttl_s)
+                return
+            except StoreUnavailable as exc:
+                self._down(exc)
+        await self.local.put_doc(key, doc, ttl_s)
+
+    async def delete_doc(self, key: str) -> bool:
+        gone = await self.local.delete_doc(key)  # a fallback copy goes too
+        if self.up:
+            try:
+                return await self.shared.delete_doc(key) or gone
+            except StoreUnavailable as exc:
+                self._down(exc)
+        return gone
 
     async def close(self) -> None:
         await self.shared.close()

@@ -1,6 +1,7 @@
-"""The embedded store: buckets, leases and pins in this process (the default, and the
-fail-open fallback). Leases need no expiry here: their holders live in this process and
-release them in `finally`; a crash loses the store with them."""
+"""The embedded store: buckets, leases, pins and documents in this process (the default,
+and the fail-open fallback). Leases need no expiry here: their holders live in this
+process and release them in `finally`; a crash loses the store with them. Documents
+expire on their own TTL and the oldest go first past `max_doc_bytes` characters."""
 
 from __future__ import annotations
 
@@ -38,12 +39,20 @@ class MemoryStore:
     """`edge.store.base.Store` in this process."""
 
     def __init__(
-        self, pin_ttl_s: float, max_pins: int, timer: Callable[[], float] = time.monotonic
+        self,
+        pin_ttl_s: float,
+        max_pins: int,
+        timer: Callable[[], float] = time.monotonic,
+        max_doc_bytes: int = 64 << 20,
     ) -> None:
         self.timer = timer
         self.buckets: dict[str, TokenBucket] = {}
         self.leases: dict[str, set[str]] = {}
         self.pins: cachetools.TTLCache[str, str] = cachetools.TTLCache(max_pins, pin_ttl_s, timer)
+        # (expiry, doc) by key; sized by the documents' lengths.
+        self.docs: cachetools.TLRUCache[str, tuple[float, str]] = cachetools.TLRUCache(
+            max(1, max_doc_bytes), lambda _k, v, _now: v[0], timer, getsizeof=lambda v: len(v[1])
+        )
 
     async def take(
         self, key: str, rate: float, burst: float, cost: float = 1.0, force: bool = False
@@ -99,6 +108,19 @@ class MemoryStore:
 
     async def put_pin(self, key: str, pool: str, ttl_s: float) -> None:
         self.pins[key] = pool
+
+    async def get_doc(self, key: str) -> str | None:
+        found = self.docs.get(key)
+        return None if found is None else found[1]
+
+    async def put_doc(self, key: str, doc: str, ttl_s: float) -> None:
+        try:
+            self.docs[key] = (self.timer() + ttl_s, doc)
+        except ValueError:  # larger than the whole cache: not kept
+            self.docs.pop(key, None)
+
+    async def delete_doc(self, key: str) -> bool:
+        return self.docs.pop(key, None) is not None
 
     async def close(self) -> None:
         return None

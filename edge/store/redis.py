@@ -288,6 +288,16 @@ class RedisStore(RedisConnection):
     async def put_pin(self, key: str, pool: str, ttl_s: float) -> None:
         await self.call(self.client.set(self.key("pin", key), pool, px=int(ttl_s * 1000)))
 
+    async def get_doc(self, key: str) -> str | None:
+        doc = await self.call(self.client.get(self.key("doc", key)))
+        return doc if isinstance(doc, str) else None
+
+    async def put_doc(self, key: str, doc: str, ttl_s: float) -> None:
+        await self.call(self.client.set(self.key("doc", key), doc, px=int(ttl_s * 1000)))
+
+    async def delete_doc(self, key: str) -> bool:
+        return bool(await self.call(self.client.delete(self.key("doc", key))))
+
     def _start_renewer(self, ttl_s: float) -> None:
         if self._renewer is None or self._renewer.done():
             every = min(ttl_s / 3, RENEW_MAX_S)

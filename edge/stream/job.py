@@ -3,6 +3,7 @@ rendered with (`edge.api.formats` implements it), and how a `final` reads."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -62,6 +63,7 @@ class Job:
     config: StreamConfig
     metrics: Metrics
     codec: ResumeCodec
+    model: str = ""  # the model asked for, else the worker's (records, usage)
     resume: ResumePoint | None = None  # set when this response continues a stream
     # How this response continues a generation: "" (a new one), "last_event_id" or
     # "stream_link" (a first GET of /v1/streams/{token}); counted as resumes.
@@ -73,6 +75,9 @@ class Job:
     # Token events through `Format.events` (n > 1, tools, usage per chunk, resumes, the
     # Responses API) rather than the plain-text `Format.delta` fast path.
     rich: bool = False
+    # Run once the generation ended well, before its last event (or whole body) goes out:
+    # a stored Responses response is kept there (`edge.api.stored.keep`).
+    keep: Callable[[], Awaitable[None]] | None = None
 
 
 def final_error(final: pb.Final) -> ApiError | None:

@@ -1,27 +1,23 @@
 """One generation over HTTP: the ASGI response that runs it, as SSE or as one JSON body.
 
-Two tasks per generation, as Starlette's own streaming response has:
-- the body runs in the request's own task: read one upstream message, write its event,
-  and again (no reader task, no queue, no hand-off, no timer per wait);
-- one watcher task notices the client leaving (it cancels the request's task, whose
-  `finally` cancels the gRPC call, so the worker aborts the engine request at once) and
-  owns the stream's one deadline: the commit to 200 after `--first-byte` if the worker
-  has not answered yet, then a heartbeat whenever nothing was written for `--heartbeat`.
-  The deadline moves only when it fires, so a busy stream costs it nothing per event.
+- The body runs in the request's own task: read one upstream message, write its event,
+  and again. Over sessions the call hands chunks to `take` from its reader's task while the
+  body is parked in `read`: one write per event and no wake of this task (`edge.stream.drive`).
+- One watcher task notices the client leaving (it cancels the body, whose `finally`
+  cancels the call, so the worker aborts at once) and owns the stream's one deadline: the
+  commit to 200 after `--first-byte` if the worker has not answered, then a heartbeat
+  whenever nothing was written for `--heartbeat` (it moves only when it fires).
 
 Order of a stream: wait (at most `--first-byte`) for the worker to answer, so a refusal
 still gets its HTTP status (429, 400, ...); then the 200 and SSE headers, the role chunk,
-one event per upstream chunk, the finish chunk, the usage chunk if asked, and
-`data: [DONE]`. A failure after the 200 is a final `event: error` instead of the finish,
-with no `[DONE]`. Every other event carries an `id:` naming the generation and worker that
-hold it and the upstream index to resume from (`edge.stream.ids`), taken from the message
-and the call as they come: nothing is renumbered. The error event has no `id:`, so a
-client's Last-Event-ID stays at the last event it got whole (its data repeats that id as
-`last_event_id`); an edge shutting down past its drain grace ends its streams that way.
+one event per upstream chunk, the finish chunk, the usage chunk if asked, `data: [DONE]`.
+A failure after the 200 is a final `event: error` without `id:` (a client's Last-Event-ID
+stays at the last event it got whole; its data repeats it as `last_event_id`) instead of
+the finish, with no `[DONE]`. Event ids and numbering: `edge.stream.framing`.
 
-A client that reads slowly makes the body wait in `send`; it then stops reading gRPC,
-HTTP/2 flow control holds the worker back after `--stream-buffer-bytes`, and the worker
-merges the tokens it makes meanwhile into fewer, larger messages.
+A client that reads slowly makes the writes wait; the call's chunks then queue, flow
+control holds the worker back after `--stream-buffer-bytes`, and the worker merges the
+tokens it makes meanwhile into fewer, larger messages.
 """
 
 from __future__ import annotations
@@ -35,11 +31,12 @@ import grpc
 import orjson
 from starlette.types import Message, Receive, Scope, Send
 
-from edge.errors import ApiError, from_status, internal_error
+from edge.errors import ApiError, Dialect, dialect_of, from_status, internal_error
 from edge.obs.record import RequestRecord, record_of
 from edge.stream import sse
-from edge.stream.ids import PART_DONE, Origin
-from edge.stream.job import Event, Job, final_error
+from edge.stream.drive import send_now
+from edge.stream.framing import Framer
+from edge.stream.job import Job, final_error
 from generated import sluice_pb2 as pb
 
 log = logging.getLogger("sluice.edge")
@@ -72,43 +69,41 @@ class GenerationResponse:
         self.job = job
         self.call = job.call
         self.fmt = job.fmt
-        resume = job.resume
-        self._replay = resume is not None and job.fmt.replay_from_start
-        # Replayed from the start: every event is made again, those the client has
-        # (seq <= the resume point's) are not sent. Else the count goes on from there.
-        self._seq = resume.seq + 1 if resume is not None and not self._replay else 0
-        self._skip_seq = resume.seq if resume is not None and self._replay else -1
-        self._origin: tuple[str, str] = ("", "")  # (request id, worker key) of _prefix
-        self._prefix = b""
-        self._framed_id = b""  # of the last event framed
+        self._framer = Framer(job)
+        self._plain = not (job.rich or job.logprobs or job.stamps)  # text events only
         self._last_id = b""  # of the last event written (a drain error names it)
-        self._retry_pending = True
         self._running = True  # the body has not returned yet
         self._committed = False  # the response's start went out
         self._complete = False  # its last byte went out
         self._busy = False  # the body is inside `send`
         self._watcher_write: asyncio.Future[None] | None = None
+        self._send: Send | None = None  # the body's `send`, for `take`
+        self._flushing: asyncio.Future[None] | None = None  # a `take` write that waited
+        self._flushing_id = b""  # ... and its event's id
         self._gone = False  # the client left: the watcher cancelled the body
         self._last_ns = 0  # perf_counter_ns of the last write
         self._last_event_ns = 0  # ... of the last token event
         self._t0_ns = time.perf_counter_ns()
         self._record: RequestRecord | None = None
+        self._dialect: Dialect = "openai"  # the error shape of the API called
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         job, metrics = self.job, self.job.metrics
         rec = self._record = record_of(scope)
-        rec.request_id, rec.trace_id = job.request_id, job.trace_id
+        rec.request_id, rec.trace_id, rec.model = job.request_id, job.trace_id, job.model
+        self._dialect = dialect_of(scope.get("path", ""))
         if job.stream and scope.get("http_version") == "1.0":
             # An HTTP/1.0 client cannot read a chunked body, and uvicorn cannot send a
             # close-delimited one: say so before anything starts.
             self.call.cancel()
-            await self._send_json(send, 505, HTTP10_STREAM.json())
+            await self._send_json(send, 505, HTTP10_STREAM.json(self._dialect))
             return
         metrics.stream_started()
         if job.resumed:
             metrics.resumes[job.resumed] += 1
         task = asyncio.current_task()
         assert task is not None
+        self._send = send
         watcher = asyncio.create_task(self._watch(receive, send, task))
         try:
             await self._run(send)
@@ -116,13 +111,20 @@ class GenerationResponse:
             if not self._gone:
                 # The server's cancel (drain grace over): a last retryable error (an event,
                 # or a 503 before anything was sent) rather than a cut connection, then go.
+                # An event `take` could not write yet is dropped, as the body's would be.
+                if self._flushing is not None:
+                    self._flushing.cancel()
+                    self._flushing = None
                 if not self._complete:
                     await self._fail(send, DRAINING)
                 raise
             task.uncancel()  # our own cancel (the client left), not the server's
             metrics.client_disconnects[rec.route] += 1
         finally:
+            rec.worker = self.call.worker.key
             self._running = False
+            if self._flushing is not None:
+                self._flushing.cancel()
             watcher.cancel()
             self.call.cancel()  # a no-op once the RPC ended; else the worker aborts now
             metrics.stream_ended()  # before the await: a cancel there must not skip it
@@ -154,35 +156,68 @@ class GenerationResponse:
                 self.fmt.note_prompt(first.chunk)
         await self._commit(send)
         while True:
-            msg = first or await call.read()
+            # Parked in read, the call hands chunks to `take` from its reader's task.
+            msg = first or await call.read(self)
             first = None
             rx_ns = time.perf_counter_ns()
             if msg.WhichOneof("kind") == "chunk":
-                await self._token_event(send, msg, rx_ns)
+                data = self._token_bytes(msg)
+                if data:
+                    await self._write(send, data, eid=self._framer.framed_id)
+                    self._event_written(msg, rx_ns)
                 continue
             await self._ending(send, msg.final, msg.index)
             await call.settle(STATUS_SETTLE_S)  # let the RPC's OK land before `cancel`
             return
 
-    async def _token_event(self, send: Send, msg: pb.GenerateResponse, rx_ns: int) -> None:
+    # -- the token path: `take` (the call's reader, no wake) or the body's loop ----------
+
+    def ready(self) -> bool:
+        """`Sink.ready`: nothing of ours is mid-write (the watcher's, or a `take` that
+        waited for the client), so a chunk can be written now, in order."""
+        return self._flushing is None and self._watcher_write is None and not self._busy
+
+    def take(self, msg: pb.GenerateResponse) -> None:
+        """`Sink.take`: one chunk's event written from the upstream reader's task. The
+        ASGI `send` runs to its end at once unless the client lags (uvicorn's flow
+        control); then the rest of it becomes `_flushing`, and chunks queue in the call
+        until it is done."""
+        rx_ns = time.perf_counter_ns()
+        data = self._token_bytes(msg)
+        if not data:
+            return
+        assert self._send is not None
+        message = {"type": "http.response.body", "body": data, "more_body": True}
+        self._flushing = send_now(self._send, message)
+        if self._flushing is None:
+            self._last_id = self._framer.framed_id
+        else:  # the client's once it is written
+            self._flushing_id = self._framer.framed_id
+        self._last_ns = time.perf_counter_ns()
+        self._event_written(msg, rx_ns)
+
+    def _token_bytes(self, msg: pb.GenerateResponse) -> bytes:
+        """One chunk's framed event(s); empty when it makes none."""
         job, chunk = self.job, msg.chunk
+        if self._plain and not chunk.reasoning:
+            text = chunk.text
+            return self._framer.text_event(text, msg.index + 1) if text else b""
         lps = self.fmt.logprobs(chunk) if job.logprobs else None
-        if job.rich:
-            data = self._frame(self.fmt.events(chunk, lps, self._seq), msg.index)
-            if not data:
-                return
-        else:
-            if not chunk.text and lps is None:
-                return
-            event = self.fmt.delta(chunk.text, lps)
-            if job.stamps:  # only with Job.stamps: the chunk's JSON gets one more field
-                event = event[:-1] + b',"sluice_worker_time_ns":%d}' % msg.worker_time_ns
-            data = self._event(event, msg.index + 1)
-        n = len(chunk.token_ids)
+        if job.rich or chunk.reasoning:  # thinking (a worker's reasoning parser) is rich
+            return self._framer.frame(self.fmt.events(chunk, lps, self._framer.seq), msg.index)
+        if not chunk.text and lps is None:
+            return b""
+        event = self.fmt.delta(chunk.text, lps)
+        if job.stamps:  # only with Job.stamps: the chunk's JSON gets one more field
+            event = event[:-1] + b',"sluice_worker_time_ns":%d}' % msg.worker_time_ns
+        return self._framer.event(event, msg.index + 1)
+
+    def _event_written(self, msg: pb.GenerateResponse, rx_ns: int) -> None:
+        job = self.job
+        n = len(msg.chunk.token_ids)
         metrics = job.metrics
         if n > 1:
             metrics.merged_chunks += n
-        await self._write(send, data, eid=self._framed_id)
         now = self._last_ns
         metrics.event_written(rx_ns, now, self._last_event_ns)
         if not self._last_event_ns and not job.resumed and self._record is not None:
@@ -198,37 +233,10 @@ class GenerationResponse:
         if error is not None:
             raise error
         self._note_final(final)
-        data = self._frame(self.fmt.ending(final, self._seq), index, final=True)
-        await self._write(send, data, more=False, eid=self._framed_id)
-
-    def _frame(
-        self, events: list[Event], index: int, *, final: bool = False, opening: bool = False
-    ) -> bytes:
-        """The events one upstream message made, framed: all but the last point at this
-        message with their part number (the last at the next message; a final's last is
-        `PART_DONE`; the opening's all at message 0). Those a resumed client has already
-        are skipped."""
-        resume = self.job.resume
-        skip_part = resume.part if resume is not None and resume.cursor == index else 0
-        out = []
-        last = len(events) - 1
-        for j, (name, data) in enumerate(events):
-            if opening:
-                cursor, part = 0, 0
-            elif final:
-                cursor, part = index, PART_DONE if j == last else j + 1
-            elif j == last:
-                cursor, part = index + 1, 0
-            else:
-                cursor, part = index, j + 1
-            if self._replay:
-                if self._seq <= self._skip_seq:
-                    self._seq += 1  # the client has it: counted, not sent
-                    continue
-            elif part and part <= skip_part:
-                continue
-            out.append(self._event(data, cursor, name, part))
-        return b"".join(out)
+        data = self._framer.frame(self.fmt.ending(final, self._framer.seq), index, final=True)
+        if self.job.keep is not None:
+            await self.job.keep()
+        await self._write(send, data, more=False, eid=self._framer.framed_id)
 
     async def _whole(self, send: Send) -> None:
         call, fmt = self.call, self.fmt
@@ -245,23 +253,32 @@ class GenerationResponse:
                 raise error
             self._note_final(final)
             body = fmt.whole(final, logprobs)
+            if self.job.keep is not None:
+                await self.job.keep()
             await self._send_json(send, 200, orjson.dumps(body))
             await call.settle(STATUS_SETTLE_S)
             return
 
     def _note_final(self, final: pb.Final) -> None:
+        """The generation's usage, as its whole stream's (a continuation's final counts
+        the tokens before it): a resume that replays it notes the same generation id, so
+        usage accounting counts it once."""
         rec = self._record
         if rec is not None:
-            rec.prompt_tokens = final.usage.prompt_tokens
-            rec.completion_tokens = final.usage.completion_tokens
+            usage = final.usage
+            rec.prompt_tokens = usage.prompt_tokens
+            rec.completion_tokens = usage.completion_tokens
+            rec.cached_tokens = usage.cached_prompt_tokens
             rec.finish = pb.FinishReason.Name(final.reason)
+            rec.generation = self.job.request_id
 
     async def _fail(self, send: Send, err: ApiError) -> None:
         """An error as an HTTP status before the 200, as the final event after it."""
         if not self._committed:
-            await self._send_json(send, err.status, err.json(), err.headers())
+            await self._send_json(send, err.status, err.json(self._dialect), err.headers())
         elif not self._complete:
-            data = err.event_json(self._last_id.decode() if self._last_id else None)
+            last = self._last_id.decode() if self._last_id else None
+            data = err.event_json(last, self._dialect)
             await self._write(send, sse.encode_data(data, event=ERROR_EVENT), more=False)
 
     # -- the watcher ------------------------------------------------------------------
@@ -327,27 +344,10 @@ class GenerationResponse:
             )
         finally:
             self._busy = False
-        if self.job.resume is None or self._replay:
-            data = self._frame(self.fmt.opening_events(self._seq), 0, opening=True)
+        if self.job.resume is None or self._framer.replay:
+            data = self._framer.frame(self.fmt.opening_events(self._framer.seq), 0, opening=True)
             if data:
-                await self._write(send, data, watcher=watcher, eid=self._framed_id)
-
-    def _event(self, data: bytes, cursor: int, event: bytes | None = None, part: int = 0) -> bytes:
-        call, job = self.call, self.job
-        origin = (call.request_id, call.worker.key)
-        if origin != self._origin:  # a new stream, or a continuation on another worker
-            self._origin = origin
-            self._prefix = job.codec.prefix(Origin(*origin, job.owner, job.body))
-        eid = self._prefix + b"%d.%d" % (self._seq, cursor)
-        if part:
-            eid += b"~%d" % part
-        self._seq += 1
-        self._framed_id = eid
-        framed = sse.encode_data(data, id=eid, event=event)
-        if self._retry_pending:
-            self._retry_pending = False
-            return b"retry: %d\n" % self.job.config.retry_ms + framed
-        return framed
+                await self._write(send, data, watcher=watcher, eid=self._framer.framed_id)
 
     async def _write(
         self, send: Send, data: bytes, *, more: bool = True, watcher: bool = False, eid: bytes = b""
@@ -357,6 +357,16 @@ class GenerationResponse:
             # Shielded: the body being cancelled here must not cancel the watcher's future
             # (its drain error event waits on it again).
             await asyncio.shield(self._watcher_write)
+        flushing = self._flushing
+        if flushing is not None:  # a `take` write the client has not read yet
+            self._busy = True
+            try:
+                await asyncio.shield(flushing)
+                self._last_id = self._flushing_id
+            finally:
+                self._busy = False
+                if flushing.done():  # else (we were cancelled) `_drop_flush` ends it
+                    self._flushing = None
         if not more:
             self._complete = True
         self._busy = True

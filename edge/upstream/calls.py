@@ -18,6 +18,20 @@ from generated import sluice_pb2 as pb
 from sluice_common.contract import TRACE_KEY
 
 
+class Sink(Protocol):
+    """Where a call may hand its chunks straight from the upstream reader's task while the
+    consumer is parked in `read(sink)`: no wake of the consumer per message. Finals,
+    errors and every chunk `ready()` declines still come out of `read`, in order."""
+
+    def ready(self) -> bool:
+        """True if `take` may run now (nothing of the consumer's is in flight)."""
+        ...
+
+    def take(self, msg: pb.GenerateResponse) -> None:
+        """Consume one chunk (synchronously). An exception fails the call with it."""
+        ...
+
+
 class UpstreamCall(Protocol):
     """One generation's upstream messages, gapless within each attempt, up to `final`."""
 
@@ -35,8 +49,9 @@ class UpstreamCall(Protocol):
         """Wait until a worker accepted the generation; False if it ended already."""
         ...
 
-    async def read(self) -> pb.GenerateResponse:
-        """The next message; raises `edge.errors.ApiError` for a failure."""
+    async def read(self, sink: Sink | None = None) -> pb.GenerateResponse:
+        """The next message; raises `edge.errors.ApiError` for a failure. With `sink`, a
+        call that can hands it chunks meanwhile (`Sink`); others ignore it."""
         ...
 
     async def settle(self, timeout_s: float) -> bool:
@@ -96,7 +111,7 @@ class GenerateCall:
             return False
         return not self._call.done()
 
-    async def read(self) -> pb.GenerateResponse:
+    async def read(self, sink: Sink | None = None) -> pb.GenerateResponse:
         try:
             msg = await self._call.read()
         except grpc.aio.AioRpcError as err:
@@ -172,7 +187,7 @@ class ResumeCall(GenerateCall):
             if self._on_end is not None:
                 self._on_end()
 
-    async def read(self) -> pb.GenerateResponse:
+    async def read(self, sink: Sink | None = None) -> pb.GenerateResponse:
         try:
             msg = await super().read()
         except ApiError as err:

@@ -41,7 +41,7 @@ from edge.config import RoutingConfig
 from edge.errors import ApiError, from_status
 from edge.obs import tracing
 from edge.obs.outcomes import CANCELLED, PoolMetrics
-from edge.upstream.calls import GenerateCall, UpstreamCall
+from edge.upstream.calls import GenerateCall, Sink, UpstreamCall
 from edge.upstream.continuation import (
     continuation_start,
     final_outcome,
@@ -112,6 +112,22 @@ class _Attempt:
     span: object = None  # its tracing span (None with tracing off)
 
 
+class _Forwarding:
+    """A consumer's `Sink` seen through failover: each chunk is counted for its attempt
+    (`_forward`) before the consumer takes it."""
+
+    __slots__ = ("_att", "_failover", "_sink", "ready")
+
+    def __init__(self, failover: FailoverCall, att: _Attempt, sink: Sink) -> None:
+        self._failover = failover
+        self._att = att
+        self._sink = sink
+        self.ready = sink.ready
+
+    def take(self, msg: pb.GenerateResponse) -> None:
+        self._sink.take(self._failover._forward_chunk(self._att, msg))
+
+
 class FailoverCall:
     """An `UpstreamCall` over several workers (see the module docstring).
 
@@ -166,7 +182,7 @@ class FailoverCall:
             return await self._establish(self._first, self._start, None)
         return self._error is None
 
-    async def read(self) -> pb.GenerateResponse:
+    async def read(self, sink: Sink | None = None) -> pb.GenerateResponse:
         while True:
             if self._error is not None:
                 raise self._error
@@ -176,7 +192,7 @@ class FailoverCall:
                 msg, self._peeked = self._peeked, None
                 return self._forward(att, msg)
             try:
-                msg = await att.call.read()
+                msg = await att.call.read(None if sink is None else _Forwarding(self, att, sink))
             except ApiError as err:
                 self._end(att, err.code or "upstream_error")
                 await self._recover(err)
@@ -318,23 +334,29 @@ class FailoverCall:
 
     def _forward(self, att: _Attempt, msg: pb.GenerateResponse) -> pb.GenerateResponse:
         """Count and pass on one message of the current attempt (its index untouched)."""
+        if msg.HasField("chunk"):
+            return self._forward_chunk(att, msg)
         self._forwarded += 1
         att.next_index = msg.index + 1
-        if msg.WhichOneof("kind") == "chunk":
-            now = time.monotonic()
-            if att.first_token is None:
-                att.first_token = now
-                self._picker.pool_metrics(att.worker.pool).ttft.observe(now - att.started)
-            att.last_token = now
-            n = len(msg.chunk.token_ids)
-            att.tokens += n
-            self._tokens += n
-            if self._continuable:
-                self._text.append(msg.chunk.text)
-        else:
-            if not att.ended:
-                whole_usage(msg.final.usage, att.base_tokens)
-            self._end(att, final_outcome(msg.final))
+        if not att.ended:
+            whole_usage(msg.final.usage, att.base_tokens)
+        self._end(att, final_outcome(msg.final))
+        return msg
+
+    def _forward_chunk(self, att: _Attempt, msg: pb.GenerateResponse) -> pb.GenerateResponse:
+        self._forwarded += 1
+        att.next_index = msg.index + 1
+        now = time.monotonic()
+        if att.first_token is None:
+            att.first_token = now
+            self._picker.pool_metrics(att.worker.pool).ttft.observe(now - att.started)
+        att.last_token = now
+        chunk = msg.chunk
+        n = len(chunk.token_ids)
+        att.tokens += n
+        self._tokens += n
+        if self._continuable:
+            self._text.append(chunk.text)
         return msg
 
     def _length_final(self) -> pb.GenerateResponse:

@@ -14,11 +14,18 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from edge.errors import ApiError, from_rpc_error, from_status, from_status_code_number
+from edge.errors import (
+    ApiError,
+    from_rpc_error,
+    from_status,
+    from_status_code_number,
+    internal_error,
+)
 from generated import sluice_pb2 as pb
 from sluice_common.wakeup import Wakeup
 
 if TYPE_CHECKING:
+    from edge.upstream.calls import Sink
     from edge.upstream.worker import Worker
 
 log = logging.getLogger("sluice.edge")
@@ -45,6 +52,7 @@ class SessionCall:
         self._reattached = False
         self.consumed = 0  # entry bytes read since started or attached (acks)
         self.acked = 0
+        self._sink: Sink | None = None  # while the consumer is parked in read(sink)
 
     # -- fed by the session -------------------------------------------------------------
 
@@ -67,6 +75,18 @@ class SessionCall:
             )
             return
         self.next_index = i + 1
+        sink = self._sink
+        if sink is not None and not self._queue and msg.HasField("chunk") and sink.ready():
+            # Straight to the client from the session's reader: no wake, no queue.
+            self._consume(msg)
+            try:
+                sink.take(msg)
+            except ApiError as err:
+                self.fail(err)
+            except Exception:
+                log.exception("generation %s failed in the edge", self.request_id)
+                self.fail(internal_error())
+            return
         self._queue.append(msg)
         self._wake()
 
@@ -87,13 +107,18 @@ class SessionCall:
             await self._wakeup.wait()
         return self.accepted and self._error is None
 
-    async def read(self) -> pb.GenerateResponse:
+    async def read(self, sink: Sink | None = None) -> pb.GenerateResponse:
         queue = self._queue
-        while not queue:
-            if self._error is not None:
-                self._done = True
-                raise self._error
-            await self._wakeup.wait()
+        if not queue:
+            self._sink = sink
+            try:
+                while not queue:
+                    if self._error is not None:
+                        self._done = True
+                        raise self._error
+                    await self._wakeup.wait()
+            finally:
+                self._sink = None
         msg = queue.popleft()
         if msg.WhichOneof("kind") == "final":
             self._done = True
@@ -102,13 +127,17 @@ class SessionCall:
                 raise self._final_error(msg.final.error)
             self._ok = True
             return msg
+        self._consume(msg)
+        return msg
+
+    def _consume(self, msg: pb.GenerateResponse) -> None:
+        """Count a chunk handed on; ack every quarter window."""
         self.consumed += msg.ByteSize()
         if self.consumed - self.acked >= self._session.ack_every:
             self.acked = self.consumed
             self._session.send(
                 pb.SessionAction(ack=pb.AckGeneration(request_id=self.request_id, bytes=self.acked))
             )
-        return msg
 
     def _final_error(self, status: pb.Status) -> ApiError:
         code = from_status_code_number(status.code)

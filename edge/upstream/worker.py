@@ -16,7 +16,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from edge.config import RoutingConfig
-from edge.errors import from_rpc_error
+from edge.errors import ApiError, from_rpc_error
 from edge.upstream.channel import ChannelFactory
 from edge.upstream.session import SessionPool
 from generated import sluice_pb2 as pb
@@ -31,6 +31,7 @@ UNKNOWN = health_pb2.HealthCheckResponse.UNKNOWN
 UNREACHABLE = -1  # ours: the watch stream itself failed
 WATCH_BACKOFF_S = (0.05, 2.0)  # first and longest wait between Watch attempts
 LIST_MODELS_TIMEOUT_S = 5.0
+ADAPTER_TIMEOUT_S = 60.0  # a load reads the adapter's weights
 LOAD_HEARTBEAT_S = 1.0  # the longest gap between load pushes we ask for
 
 
@@ -98,6 +99,8 @@ class Worker:
         self._reported_load = -1  # its running + waiting; -1: no push to go by
         self._in_flight_at_report = 0  # this edge's in-flight count when it arrived
         self.epoch = 0  # times it turned SERVING (module docstring)
+        self.models_version = -1  # the worker's count of adapter changes we listed after
+        self._relisting: asyncio.Task[None] | None = None  # ListModels after a new version
         self._serving = asyncio.Event()
         self._load_interval = opts.load_interval_s
         self._tasks: list[asyncio.Task[None]] = []
@@ -133,6 +136,44 @@ class Worker:
         """The version label the worker itself reports (ListModels), "" until known."""
         return self.models[0].version if self.models else ""
 
+    # -- LoRA adapters (`edge.routing.adapters`) ---------------------------------------
+
+    def holds(self, model: str) -> bool:
+        """It lists `model` (its base model or a loaded adapter)."""
+        return any(m.id == model for m in self.models)
+
+    def adapter_room(self) -> int:
+        """Adapter slots free, as last listed (0 until listed)."""
+        if not self.models:
+            return 0
+        return max(0, self.models[0].max_adapters - sum(1 for m in self.models if m.parent))
+
+    def warm(self, adapter: str) -> bool:
+        """`adapter` has generations here now, and a batch slot is free for one more."""
+        r = self.reported
+        return r is not None and adapter in r.active_adapters and self.load < r.max_running
+
+    async def load_adapter(self, name: str, path: str) -> pb.ModelInfo:
+        """LoadAdapter, then the models listed again. Raises ApiError."""
+        try:
+            info = await self.stub.LoadAdapter(
+                pb.LoadAdapterRequest(name=name, path=path), timeout=ADAPTER_TIMEOUT_S
+            )
+        except grpc.aio.AioRpcError as err:
+            raise adapter_error(err) from None
+        await self._load_models()
+        return info
+
+    async def unload_adapter(self, name: str) -> None:
+        """UnloadAdapter, then the models listed again. Raises ApiError."""
+        try:
+            await self.stub.UnloadAdapter(
+                pb.UnloadAdapterRequest(name=name), timeout=LIST_MODELS_TIMEOUT_S
+            )
+        except grpc.aio.AioRpcError as err:
+            raise adapter_error(err) from None
+        await self._load_models()
+
     def failed(self, now: float | None = None) -> None:
         """A request on this worker failed the way a dead or broken worker fails."""
         if self.passive.failure(time.monotonic() if now is None else now):
@@ -166,6 +207,8 @@ class Worker:
 
     async def close(self) -> None:
         self.closed = True
+        if self._relisting is not None:
+            self._relisting.cancel()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -197,6 +240,12 @@ class Worker:
             log.warning("ListModels on %s failed: %s", self.address, err.code().name)
             return
         self.models = list(resp.models)
+
+    async def _relist(self) -> None:
+        try:
+            await self._load_models()
+        finally:
+            self._relisting = None
 
     async def list_models(self) -> list[pb.ModelInfo]:
         """Ask the worker now (also refreshes the cache). Raises ApiError."""
@@ -242,6 +291,11 @@ class Worker:
     def loaded(self, msg: pb.WorkerLoad | None) -> None:
         """A load push arrived (None: the stream ended, nothing to go by)."""
         self.reported = msg
+        if msg is not None and msg.models_version != self.models_version:
+            # Adapters came or went (through any edge): list the models again.
+            self.models_version = msg.models_version
+            if self.models and self.status == SERVING and self._relisting is None:
+                self._relisting = asyncio.create_task(self._relist(), name=f"models {self.address}")
         self._in_flight_at_report = self.in_flight
         self._reported_load = msg.running + msg.waiting if msg is not None else -1
         self.reported_draining = msg.draining if msg is not None else False
@@ -282,3 +336,18 @@ def status_name(status: int) -> str:
     if status == UNREACHABLE:
         return "UNREACHABLE"
     return health_pb2.HealthCheckResponse.ServingStatus.Name(status)  # type: ignore[arg-type]
+
+
+def adapter_error(err: grpc.aio.AioRpcError) -> ApiError:
+    """A LoadAdapter / UnloadAdapter failure: the status table's, with the adapter codes."""
+    api = from_rpc_error(err)
+    code = err.code()
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:  # out of slots: waiting does not help
+        return ApiError(409, api.message, param="name", code="adapter_slots_full")
+    if code == grpc.StatusCode.NOT_FOUND:
+        return ApiError(404, api.message, type="not_found_error", code="adapter_not_found")
+    if code == grpc.StatusCode.ALREADY_EXISTS:
+        return ApiError(409, api.message, param="name", code="adapter_exists")
+    if code == grpc.StatusCode.FAILED_PRECONDITION:
+        return ApiError(409, api.message, code="adapters_off")
+    return api

@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from model_service.config import LimitsConfig
 from model_service.constraints.pool import CompilerPool, Verdict
 from model_service.errors import InvalidArgument
 from model_service.types import CompileJob
@@ -105,3 +107,28 @@ class ConstraintGate:
                 f"{self.pool.limit_mb} MiB",
             )
         raise InvalidArgument(field, f"the grammar backend refused it: {verdict.message}")
+
+
+async def open_gate(
+    vocab: Callable[[], Awaitable[str | None]], limits: LimitsConfig
+) -> ConstraintGate | None:
+    """A gate over `--constraint-compilers` compilers, their children starting in the
+    background; None when that is 0 or the engine names no vocabulary (`vocab()`,
+    `Engine.grammar_vocab`): constraints then go to the engine unmeasured."""
+    if limits.constraint_compilers < 1:
+        return None
+    try:
+        text = await vocab()
+    except Exception:  # the backend's vocabulary would not build: serve unmeasured
+        log.exception("constraint compiles are not measured: no vocabulary")
+        return None
+    if text is None:
+        return None
+    pool = CompilerPool(
+        text,
+        limits.constraint_compilers,
+        limits.max_constraint_compile_s,
+        limits.max_constraint_compile_mb,
+    )
+    pool.start()
+    return ConstraintGate(pool)

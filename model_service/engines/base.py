@@ -1,5 +1,5 @@
-"""The engine interface (and the tool-call parser one an engine may supply): what the
-worker needs from an inference engine. Implementations never see protobuf."""
+"""The engine interface (and the tool-call and reasoning parsers an engine may supply):
+what the worker needs from an inference engine. Implementations never see protobuf."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Protocol
 
 from model_service.config import EngineConfig
+from model_service.errors import FailedPrecondition
 from model_service.types import (
+    Adapter,
     CompileJob,
     EngineOutput,
     EngineStats,
@@ -31,6 +33,14 @@ class CallParser(Protocol):
         """What is left once the choice ended (a call completed by the last token)."""
 
 
+class Reasoner(Protocol):
+    """Splits one choice's output into thinking and answer as it streams."""
+
+    def feed(self, text: str, token_ids: list[int]) -> tuple[str, str]:
+        """A delta as (reasoning, content)."""
+        ...
+
+
 # An engine's parser for tool choice `auto` (`Engine.tool_parser`); `ids(i)` names call i.
 ParserFactory = Callable[[GenerationRequest, Callable[[int], str]], CallParser | None]
 
@@ -45,6 +55,7 @@ class Engine(abc.ABC):
     """
 
     name: str = ""
+    serves_adapters = False  # LoRA adapters (`load_adapter`); the worker refuses --max-loras else
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -81,6 +92,16 @@ class Engine(abc.ABC):
     def stats(self) -> EngineStats:
         """Current load, taken from the engine itself."""
 
+    async def load_adapter(self, adapter: Adapter) -> None:
+        """Load a LoRA adapter the worker's registry accepted (`intake/adapters.py`);
+        `request.adapter` then names it. Raises InvalidArgument (`path`) for weights the
+        engine refuses. Only engines with `serves_adapters` are asked."""
+        raise FailedPrecondition(f"the {self.name} engine serves no LoRA adapters")
+
+    async def unload_adapter(self, adapter: Adapter) -> None:
+        """Drop an adapter no generation uses any more."""
+        return None
+
     def check(self, request: GenerationRequest) -> CompileJob | None:
         """Refuse, with `errors.InvalidArgument` naming the field, what the engine cannot
         honour (a constraint its grammar backend cannot compile, a sampling option it
@@ -99,6 +120,11 @@ class Engine(abc.ABC):
     ) -> CallParser | None:
         """A parser for tool calls in the model's own format (tool choice `auto`), or None
         when the engine has none configured. `ids(i)` names call i."""
+        return None
+
+    def reasoner(self) -> Reasoner | None:
+        """A parser of the model's thinking for one choice (`--reasoning-parser`), or None
+        when the worker has none."""
         return None
 
     async def watch_ready(self, report: Callable[[bool], Awaitable[None]]) -> None:

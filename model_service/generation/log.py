@@ -18,11 +18,12 @@ class ReplayLog(list[Entry]):
     ~10x their wire size in memory. Read as a list (`len`, `[i]` at C speed: consumers ask
     for them per message); only the methods below add to it."""
 
-    __slots__ = ("_ledger", "_tail_text", "bytes")
+    __slots__ = ("_ledger", "_tail_reasoning", "_tail_text", "bytes")
 
     def __init__(self, ledger: Ledger) -> None:
         super().__init__()
         self._tail_text: list[str] = []  # text merged into the newest entry, not yet in it
+        self._tail_reasoning: list[str] = []  # the same for its thinking
         self._ledger = ledger  # told of every serialized entry's size, as `bytes` is
         self.bytes = 0  # of the serialized entries (what the replay cap counts)
 
@@ -71,11 +72,30 @@ class ReplayLog(list[Entry]):
                     return chunk
         return None
 
+    def merge_reasoning(
+        self, reasoning: str, token_ids: list[int], choice: int
+    ) -> pb.TokenChunk | None:
+        """Thinking merged into the newest chunk of `choice` if nobody took it and it holds
+        no answer text yet (a chunk's thinking comes before its text); returns the chunk
+        (None: the caller appends a new one)."""
+        if self and not self._tail_text:
+            tail = self[-1]
+            if type(tail) is not bytes and tail.HasField("chunk"):  # type: ignore[union-attr]
+                chunk: pb.TokenChunk = tail.chunk  # type: ignore[union-attr]
+                if chunk.choice == choice and not chunk.tool_calls and not chunk.text:
+                    self._tail_reasoning.append(reasoning)
+                    chunk.token_ids.extend(token_ids)
+                    return chunk
+        return None
+
     def _freeze(self, i: int) -> bytes:
         entry = self[i]
         if self._tail_text:  # only the newest entry is ever unfrozen, so this is it
             entry.chunk.text += "".join(self._tail_text)  # type: ignore[union-attr]
             self._tail_text = []
+        if self._tail_reasoning:
+            entry.chunk.reasoning += "".join(self._tail_reasoning)  # type: ignore[union-attr]
+            self._tail_reasoning = []
         raw: bytes = entry.SerializeToString()  # type: ignore[union-attr]
         self[i] = raw
         size = len(raw) + ENTRY_OVERHEAD_BYTES

@@ -27,6 +27,8 @@ def chunk_to_pb(
     chunk = msg.chunk
     chunk.text = out.text
     chunk.token_ids.extend(out.token_ids)
+    if out.reasoning:
+        chunk.reasoning = out.reasoning
     if choice:
         chunk.choice = choice
     if calls:

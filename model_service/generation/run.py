@@ -9,7 +9,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 from generated import sluice_pb2 as pb
-from model_service.engines.base import CallParser
+from model_service.engines.base import CallParser, Reasoner
 from model_service.errors import DeadlineExceeded, EngineDead, EngineError, SluiceError
 from model_service.generation import messages
 from model_service.generation.log import ReplayLog
@@ -36,7 +36,7 @@ class Generation:
         "_prompt_tokens", "_rt", "_scheduled_at", "_started", "_timing", "_tokens_at_detach",
         "_waiters",
         "arrived", "detach_grace_s", "ended", "engine_id", "error", "log", "loop", "parsers",
-        "reason", "request", "request_id", "stamp", "subscribers", "task", "ticket",
+        "reason", "reasoners", "request", "request_id", "stamp", "subscribers", "task", "ticket",
         "timeout_s", "trace_id",
     )  # fmt: skip
 
@@ -84,6 +84,8 @@ class Generation:
         self._ends: list[pb.ChoiceEnd | None] = [None] * n
         # Tool-call parsers, one per choice (set by the core when the request uses tools).
         self.parsers: list[CallParser | None] | None = None
+        # Reasoning parsers, one per choice (set by the core with --reasoning-parser).
+        self.reasoners: list[Reasoner | None] | None = None
         self.ticket: Ticket | None = None  # its place in the worker's admission
         self._plain = True  # chunks need only text and ids (set as the run starts)
 
@@ -202,11 +204,17 @@ class Generation:
         calls: list[ToolCallDelta] | None,
         end: pb.ChoiceEnd | None,
     ) -> None:
-        """`_append_tokens` for the other shapes (n > 1, tool calls, usage in chunks):
-        plain text still merges into the newest chunk of the same choice."""
+        """`_append_tokens` for the other shapes (n > 1, tool calls, usage in chunks,
+        thinking): plain text or thinking still merges into the newest chunk of the same
+        choice (thinking only while that holds no text: a chunk's thinking comes first)."""
         usage = self.request.stream_usage
         if not out.logprobs and not calls and end is None:
-            chunk = self.log.merge_choice(out.text, out.token_ids, choice)
+            if not out.reasoning:
+                chunk = self.log.merge_choice(out.text, out.token_ids, choice)
+            elif not out.text:  # thinking alone; thinking after text starts a new chunk
+                chunk = self.log.merge_reasoning(out.reasoning, out.token_ids, choice)
+            else:
+                chunk = None
             if chunk is not None:
                 if usage:
                     chunk.usage.completion_tokens = self._completion_tokens
@@ -294,7 +302,9 @@ class Generation:
         if self.timeout_s is not None:  # one timer, and only for generations with a deadline
             deadline = self.loop.call_later(self.timeout_s, self._deadline_passed)
         n = self.request.sampling.n
-        self._plain = n == 1 and not self.request.stream_usage and not self.parsers
+        self._plain = (
+            n == 1 and not self.request.stream_usage and not self.parsers and not self.reasoners
+        )
         try:
             turn = self.ticket.turn if self.ticket is not None else None
             if turn is not None and not turn.done():  # queued until a batch slot is free
@@ -340,6 +350,7 @@ class Generation:
         itl = self._rt.itl
         request.request_id = engine_id
         parser = self.parsers[c] if self.parsers else None
+        reasoner = self.reasoners[c] if self.reasoners else None
         outputs = self._rt.engine.generate(request)
         finished = False
         try:
@@ -351,6 +362,8 @@ class Generation:
                 tokens = self._choice_tokens
                 self._completion_tokens += out.completion_tokens - tokens[c]
                 tokens[c] = out.completion_tokens
+                if reasoner is not None:  # thinking first; tools are read in the answer
+                    out.reasoning, out.text = reasoner.feed(out.text, out.token_ids)
                 calls = None if parser is None else tools.feed(parser, out)
                 end = None
                 if out.finish_reason is not None:
@@ -362,7 +375,7 @@ class Generation:
                         end = self._ends[c] = messages.choice_end_to_pb(
                             reason, out.stop_sequence, tokens[c]
                         )
-                if out.text or out.token_ids or calls or end is not None:
+                if out.text or out.reasoning or out.token_ids or calls or end is not None:
                     now = time.monotonic()
                     if self._first_token_at is None:
                         self._first_token_at = now

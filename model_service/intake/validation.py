@@ -36,7 +36,7 @@ def validate_request(req: GenerationRequest, model: ModelInfo, limits: LimitsCon
         raise InvalidArgument("request_id", f"longer than {limits.max_request_id_bytes} bytes")
     if len(req.tenant.encode()) > limits.max_request_id_bytes:
         raise InvalidArgument("tenant", f"longer than {limits.max_request_id_bytes} bytes")
-    if req.model and req.model != model.id:
+    if req.model and req.model != model.id and req.adapter is None:
         raise NotFound(
             f"model {req.model!r} is not served here (serving {model.id!r})", field="model"
         )

@@ -1,9 +1,13 @@
 """Prometheus metrics of the worker (`sluice_worker_*`, names and help in `_Collector`) on
 `--metrics-port`. What the hot path updates is plain numbers and lock-free histograms
-owned here; gauges and totals come from the core's `WorkerFigures` at scrape time only."""
+owned here; gauges and totals come from the core's `WorkerFigures` at scrape time only,
+among them the autoscaling signals: queue depth, running, waiting, KV use, tokens/s."""
 
 from __future__ import annotations
 
+import threading
+import time
+from collections import deque
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -22,6 +26,28 @@ from sluice_common.histogram import Histogram
 PREFIX = "sluice_worker_"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
+RATE_WINDOW_S = 10.0  # tokens/s is over about this long (scrapes are its samples)
+
+
+class Rate:
+    """A counter's recent rate from the values it had at scrapes: over the last
+    `window_s` (and the sample before it). Scrapes run in the HTTP server's threads,
+    so a lock; the hot path never comes here."""
+
+    def __init__(self, window_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.window_s = window_s
+        self.clock = clock
+        self._samples: deque[tuple[float, int]] = deque()
+        self._lock = threading.Lock()
+
+    def __call__(self, value: int) -> float:
+        with self._lock:
+            now, samples = self.clock(), self._samples
+            samples.append((now, value))
+            while len(samples) > 2 and samples[1][0] <= now - self.window_s:
+                samples.popleft()
+            t0, v0 = samples[0]
+            return max(0.0, (value - v0) / (now - t0)) if now > t0 else 0.0
 
 
 class WorkerMetrics:
@@ -36,6 +62,7 @@ class WorkerMetrics:
         self.queue = Histogram(LATENCY_BUCKETS)
         self.e2e = Histogram(LATENCY_BUCKETS)
         self.figures: Callable[[], WorkerFigures] | None = None
+        self.tokens_per_s = Rate(RATE_WINDOW_S)
         self.registry = CollectorRegistry()
         self.registry.register(_Collector(self))
 
@@ -103,12 +130,21 @@ class _Collector(Collector):
         yield _histogram("queue_time_seconds", "Arrival to the start of prefill", m.queue)
         yield _histogram("request_duration_seconds", "Arrival to the final message", m.e2e)
         if m.figures is not None:
-            yield from _live(m.figures())
+            yield from _live(m.figures(), m.tokens_per_s(m.completion_tokens))
 
 
-def _live(f: WorkerFigures) -> Iterator[Metric]:
+def _live(f: WorkerFigures, tokens_per_s: float) -> Iterator[Metric]:
     stats = f.engine
     gauges = {
+        # What an autoscaler acts on (KEDA, an HPA on external metrics): scrape-time values.
+        "queue_depth": (
+            "Generations admitted and not decoding yet: the worker's queue and the engine's",
+            f.queued + (stats.waiting if stats else 0),
+        ),
+        "generation_tokens_per_second": (
+            f"Tokens generated per second, over the last ~{RATE_WINDOW_S:g} s of scrapes",
+            tokens_per_s,
+        ),
         "running_requests": ("Generations being decoded", stats and stats.running),
         "waiting_requests": ("Generations waiting for a slot", stats and stats.waiting),
         "kv_cache_usage_ratio": ("KV cache in use, 0..1", stats and stats.kv_cache_usage),

@@ -58,6 +58,8 @@ class LoadReporter:
             prefix_cache_hit_tokens=hits,
             generated_tokens=generated,
             kv_cache_tokens=int(extra.get("kv_cache_tokens", 0)),
+            models_version=core.adapters.version,
+            active_adapters=core.adapters.active(),
         )
 
     def _rates(self, queried: int, hits: int, generated: int) -> tuple[float, float]:

@@ -1,9 +1,26 @@
-"""The replies of `ListModels`, `GetStats` and `WatchLoad`, domain to protobuf."""
+"""The replies of `ListModels`, `LoadAdapter`, `GetStats` and `WatchLoad`, domain to
+protobuf."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from generated import sluice_pb2 as pb
-from model_service.types import EngineStats, LoadFigures, ModelInfo
+from model_service.types import Adapter, EngineStats, LoadFigures, ModelInfo
+
+
+def models_to_pb(base: ModelInfo, adapters: Iterable[Adapter], slots: int) -> pb.ListModelsResponse:
+    """The base model (with its adapter slots), then its adapters (each with `parent`, as
+    vLLM lists them)."""
+    first = model_info_to_pb(base)
+    first.max_adapters = slots
+    return pb.ListModelsResponse(models=[first, *(adapter_to_pb(a, base) for a in adapters)])
+
+
+def adapter_to_pb(adapter: Adapter, base: ModelInfo) -> pb.ModelInfo:
+    info = model_info_to_pb(base)
+    info.id, info.parent, info.path = adapter.name, base.id, adapter.path
+    return info
 
 
 def model_info_to_pb(info: ModelInfo) -> pb.ModelInfo:
@@ -49,4 +66,6 @@ def load_to_pb(figures: LoadFigures, seq: int) -> pb.WorkerLoad:
         generated_tokens=f.generated_tokens,
         kv_cache_tokens=f.kv_cache_tokens,
         seq=seq,
+        models_version=f.models_version,
+        active_adapters=f.active_adapters,
     )

@@ -60,7 +60,28 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListModelsResponse:
         await self._require_ready(context)
-        return pb.ListModelsResponse(models=[replies.model_info_to_pb(self.core.engine.model_info)])
+        adapters = self.core.adapters
+        return replies.models_to_pb(self.core.engine.model_info, adapters, adapters.slots)
+
+    async def LoadAdapter(
+        self, request: pb.LoadAdapterRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelInfo:
+        await self._require_ready(context)
+        try:
+            adapter = await self.core.load_adapter(request.name, request.path)
+        except SluiceError as err:
+            await abort_with(context, err)
+        return replies.adapter_to_pb(adapter, self.core.engine.model_info)
+
+    async def UnloadAdapter(
+        self, request: pb.UnloadAdapterRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UnloadAdapterResponse:
+        await self._require_ready(context)
+        try:
+            await self.core.unload_adapter(request.name)
+        except SluiceError as err:
+            await abort_with(context, err)
+        return pb.UnloadAdapterResponse()
 
     async def Tokenize(
         self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext
@@ -69,6 +90,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         info = self.core.engine.model_info
         try:
             req = decode.tokenize_request_from_pb(request)
+            req.adapter = self.core.adapters.resolve(req.model)
             # Same checks as Generate, minus sampling: size limits, roles, model name.
             validate_request(req, info, self.core.config.limits)
             ids = await self.core.engine.tokenize(req)
@@ -134,6 +156,16 @@ def method_handlers(servicer: GenerationServicer) -> dict[str, grpc.RpcMethodHan
             servicer.ListModels,
             request_deserializer=pb.ListModelsRequest.FromString,
             response_serializer=pb.ListModelsResponse.SerializeToString,
+        ),
+        "LoadAdapter": grpc.unary_unary_rpc_method_handler(
+            servicer.LoadAdapter,
+            request_deserializer=pb.LoadAdapterRequest.FromString,
+            response_serializer=pb.ModelInfo.SerializeToString,
+        ),
+        "UnloadAdapter": grpc.unary_unary_rpc_method_handler(
+            servicer.UnloadAdapter,
+            request_deserializer=pb.UnloadAdapterRequest.FromString,
+            response_serializer=pb.UnloadAdapterResponse.SerializeToString,
         ),
         "Tokenize": grpc.unary_unary_rpc_method_handler(
             servicer.Tokenize,

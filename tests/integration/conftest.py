@@ -46,6 +46,11 @@ def vllm_worker() -> Iterator[Proc]:
         # Tool choice auto through vLLM's Hermes parser (`<tool_call>{...}</tool_call>`).
         "--tool-call-parser",
         "hermes",
+        # LoRA on (tests/integration/test_model_adapters.py loads adapters at run time).
+        "--max-loras",
+        "2",
+        "--max-lora-rank",
+        "8",
         startup_timeout=240,
     )
     yield w

@@ -2,11 +2,13 @@
 
 Schema: every object validates (strict: no unknown fields) against the Kubernetes version
 the manifests target and the oldest they support, with kubernetes-validate's bundled
-schemas (offline). Semantics: container args parse with the real worker and edge CLIs,
-the probes and Prometheus annotations hit the ports those args open, grace periods cover
-the drains, every container requests resources, selectors match labels, references
-resolve, and the proxies in front wait at least as long as a generation may take. One
-test runs the real edge with the manifest's kind of worker address.
+schemas (offline); KEDA's ScaledObject against a schema of our own (SCALED_OBJECT_SCHEMA).
+Semantics: container args parse with the real worker and edge CLIs, the probes and
+Prometheus annotations hit the ports those args open, grace periods cover the drains,
+every container requests resources, selectors match labels, references resolve, the
+proxies in front wait at least as long as a generation may take, and the worker
+autoscalers act on a gauge the worker serves. One test runs the real edge with the
+manifest's kind of worker address.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
@@ -38,7 +41,9 @@ K8S = ROOT / "scripts" / "deploy" / "k8s"
 KUBERNETES_VERSIONS = ("1.27.0", "1.31.0")
 # Kept out of the kustomization on purpose: applying the Secret would blank the real keys;
 # the canary is applied for a gray release only (its header documents the sequence).
-NOT_APPLIED = {"edge-secret.yaml", "worker-canary.yaml"}
+# The worker autoscalers are alternatives (KEDA, or an HPA on an external metric), applied
+# by hand once what they need is installed.
+NOT_APPLIED = {"edge-secret.yaml", "worker-canary.yaml", "worker-keda.yaml", "worker-hpa.yaml"}
 MARGIN_S = 5  # at least this much between the drain's end and the kubelet's SIGKILL
 
 
@@ -127,6 +132,8 @@ def size_bytes(text: str) -> int:
 def test_every_object_validates_against_the_kubernetes_schema(version):
     assert len(DOCS) >= 10
     for name, doc in DOCS:
+        if doc["apiVersion"].startswith("keda.sh/"):
+            continue  # a custom resource: test_the_keda_scaled_object_validates...
         try:
             kubernetes_validate.validate(doc, version, strict=True)
         except kubernetes_validate.ValidationError as err:
@@ -369,7 +376,7 @@ def test_every_edge_replica_shares_the_redis_the_manifests_run():
 
 
 def test_the_edge_scales_on_cpu_between_its_bounds():
-    (hpa,) = objects("HorizontalPodAutoscaler")
+    hpa = obj("HorizontalPodAutoscaler", "sluice-edge")
     assert hpa["apiVersion"] == "autoscaling/v2"
     spec = hpa["spec"]
     assert spec["scaleTargetRef"] == {
@@ -384,6 +391,220 @@ def test_the_edge_scales_on_cpu_between_its_bounds():
     assert "replicas" not in obj("Deployment", "sluice-edge")["spec"]  # the HPA owns it
     assert container("sluice-edge")["resources"]["requests"]["cpu"]  # utilization's base
     assert edge_cfg().server.processes == 1  # one process per pod: the HPA counts pods
+
+
+def strict_object(properties: dict[str, Any], *required: str) -> dict[str, Any]:
+    """An object that takes only the listed properties, as the API server's strict field
+    validation treats an object KEDA's CRD lists the properties of."""
+    schema = {"type": "object", "properties": properties, "additionalProperties": False}
+    return {**schema, "required": list(required)} if required else schema
+
+
+INT32 = {"type": "integer", "minimum": 0, "maximum": 2**31 - 1}
+STRINGS = {"type": "object", "additionalProperties": {"type": "string"}}
+SCALING_RULES = strict_object(
+    {
+        "stabilizationWindowSeconds": {"type": "integer", "minimum": 0, "maximum": 3600},
+        "selectPolicy": {"enum": ["Max", "Min", "Disabled"]},
+        "tolerance": {"type": ["string", "number"]},
+        "policies": {
+            "type": "array",
+            "items": strict_object(
+                {
+                    "type": {"enum": ["Pods", "Percent"]},
+                    "value": {"type": "integer", "exclusiveMinimum": 0},
+                    "periodSeconds": {"type": "integer", "exclusiveMinimum": 0, "maximum": 1800},
+                },
+                "type",
+                "value",
+                "periodSeconds",
+            ),
+        },
+    }
+)
+# Written by us (not copied from KEDA's repository) after the ScaledObject fields KEDA
+# documents (keda.sh/docs, "Scaling Deployments, StatefulSets & Custom Resources" and the
+# Prometheus scaler), for keda.sh/v1alpha1. Strict (additionalProperties false) wherever
+# KEDA's CRD lists an object's properties; metadata and trigger metadata stay open maps.
+SCALED_OBJECT_SCHEMA: dict[str, Any] = strict_object(
+    {
+        "apiVersion": {"const": "keda.sh/v1alpha1"},
+        "kind": {"const": "ScaledObject"},
+        "metadata": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "minLength": 1},
+                "namespace": {"type": "string"},
+                "labels": STRINGS,
+                "annotations": STRINGS,
+            },
+            "required": ["name"],
+        },
+        "spec": strict_object(
+            {
+                "scaleTargetRef": strict_object(
+                    {
+                        "name": {"type": "string"},
+                        "apiVersion": {"type": "string"},
+                        "kind": {"type": "string"},
+                        "envSourceContainerName": {"type": "string"},
+                    },
+                    "name",
+                ),
+                "pollingInterval": INT32,
+                "cooldownPeriod": INT32,
+                "initialCooldownPeriod": INT32,
+                "idleReplicaCount": INT32,
+                "minReplicaCount": INT32,
+                "maxReplicaCount": INT32,
+                "fallback": strict_object(
+                    {
+                        "failureThreshold": INT32,
+                        "replicas": INT32,
+                        "behavior": {
+                            "enum": [
+                                "static",
+                                "currentReplicas",
+                                "currentReplicasIfHigher",
+                                "currentReplicasIfLower",
+                                "scalingModifiers",
+                            ]
+                        },
+                    },
+                    "failureThreshold",
+                    "replicas",
+                ),
+                "advanced": strict_object(
+                    {
+                        "restoreToOriginalReplicaCount": {"type": "boolean"},
+                        "horizontalPodAutoscalerConfig": strict_object(
+                            {
+                                "name": {"type": "string"},
+                                "behavior": strict_object(
+                                    {"scaleUp": SCALING_RULES, "scaleDown": SCALING_RULES}
+                                ),
+                            }
+                        ),
+                        "scalingModifiers": strict_object(
+                            {
+                                "formula": {"type": "string"},
+                                "target": {"type": "string"},
+                                "activationTarget": {"type": "string"},
+                                "metricType": {"enum": ["AverageValue", "Value"]},
+                            }
+                        ),
+                    }
+                ),
+                "triggers": {
+                    "type": "array",
+                    "items": {
+                        **strict_object(
+                            {
+                                "type": {"type": "string"},
+                                "name": {"type": "string"},
+                                "metadata": STRINGS,
+                                "authenticationRef": strict_object(
+                                    {
+                                        "name": {"type": "string"},
+                                        "kind": {
+                                            "enum": [
+                                                "TriggerAuthentication",
+                                                "ClusterTriggerAuthentication",
+                                            ]
+                                        },
+                                    },
+                                    "name",
+                                ),
+                                "metricType": {"enum": ["AverageValue", "Value", "Utilization"]},
+                                "useCachedMetrics": {"type": "boolean"},
+                            },
+                            "type",
+                            "metadata",
+                        ),
+                        # The Prometheus scaler needs where to ask, what, and the target.
+                        "if": {"properties": {"type": {"const": "prometheus"}}},
+                        "then": {
+                            "properties": {
+                                "metadata": {"required": ["serverAddress", "query", "threshold"]}
+                            }
+                        },
+                    },
+                },
+            },
+            "scaleTargetRef",
+            "triggers",
+        ),
+        "status": {"type": "object"},
+    },
+    "apiVersion",
+    "kind",
+    "metadata",
+    "spec",
+)
+
+
+def test_the_keda_scaled_object_validates_and_bad_ones_are_refused():
+    jsonschema.Draft202012Validator.check_schema(SCALED_OBJECT_SCHEMA)
+    so = obj("ScaledObject", "sluice-worker")
+    jsonschema.validate(so, SCALED_OBJECT_SCHEMA)
+    bad = {**so, "spec": {**so["spec"], "minReplicas": 2}}  # the HPA's spelling, not KEDA's
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, SCALED_OBJECT_SCHEMA)
+    (trigger,) = so["spec"]["triggers"]
+    meta = {k: v for k, v in trigger["metadata"].items() if k != "query"}
+    no_query = {**so, "spec": {**so["spec"], "triggers": [{**trigger, "metadata": meta}]}}
+    with pytest.raises(jsonschema.ValidationError, match="'query' is a required property"):
+        jsonschema.validate(no_query, SCALED_OBJECT_SCHEMA)
+
+
+def worker_metric_names() -> set[str]:
+    """The names the worker's /metrics serves (a real scrape of WorkerMetrics)."""
+    from prometheus_client import generate_latest
+
+    from model_service.obs.metrics import WorkerMetrics
+    from model_service.types import WorkerFigures
+
+    m = WorkerMetrics()
+    m.watch(lambda: WorkerFigures(True, False, None, 0, 0, 0, 0, 0, 0, 0, 0))
+    text = generate_latest(m.registry).decode()
+    return {ln.split()[2] for ln in text.splitlines() if ln.startswith("# TYPE ")}
+
+
+def test_workers_scale_on_the_queue_depth_they_export_with_keda_or_an_hpa():
+    """Both autoscalers target the worker Deployment on the gauge the worker serves, with
+    the same bounds and the same per-worker target, never below the PDB's room."""
+    so, hpa = obj("ScaledObject", "sluice-worker"), obj("HorizontalPodAutoscaler", "sluice-worker")
+    target = {"apiVersion": "apps/v1", "kind": "Deployment", "name": "sluice-worker"}
+    assert so["spec"]["scaleTargetRef"] == hpa["spec"]["scaleTargetRef"] == target
+    obj("Deployment", "sluice-worker")
+    names = worker_metric_names()
+    assert "sluice_worker_queue_depth" in names
+    assert "sluice_worker_generation_tokens_per_second" in names
+    (trigger,) = so["spec"]["triggers"]
+    assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
+    meta = trigger["metadata"]
+    assert set(meta) == {"serverAddress", "query", "threshold"}
+    assert re.fullmatch(r"sum\(sluice_worker_queue_depth\{namespace=\"(\w+)\"\}\)", meta["query"])
+    assert f'namespace="{namespace()}"' in meta["query"]
+    assert urllib.parse.urlsplit(meta["serverAddress"]).scheme in ("http", "https")
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["type"] == "External"
+    assert metric["external"]["metric"]["name"] == "sluice_worker_queue_depth"
+    assert metric["external"]["metric"]["selector"]["matchLabels"] == {"namespace": namespace()}
+    assert metric["external"]["target"] == {
+        "type": "AverageValue",
+        "averageValue": meta["threshold"],
+    }
+    assert float(meta["threshold"]) > 0
+    # Never to zero (a GPU worker takes minutes to start), same bounds both ways.
+    low, high = so["spec"]["minReplicaCount"], so["spec"]["maxReplicaCount"]
+    assert (low, high) == (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"])
+    assert 1 <= low <= high
+    behavior = so["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    assert behavior == hpa["spec"]["behavior"]
+    # Scaling down waits longer than a worker's drain takes.
+    grace = pod("sluice-worker")["spec"]["terminationGracePeriodSeconds"]
+    assert behavior["scaleDown"]["stabilizationWindowSeconds"] > grace
 
 
 @pytest.mark.slow

@@ -451,6 +451,11 @@ def test_a_worker_killed_mid_stream_is_continued_elsewhere_gaplessly(fleet: Flee
         "stream_options": {"include_usage": True},
     }
     on_event, killed = killer(fleet, at=15)
+
+    def usage() -> dict[str, int]:
+        return fleet.admin("GET", "/usage", params={"key": "anonymous"}).json()["total"]  # type: ignore[no-any-return]
+
+    before = usage()
     events = read_stream(fleet, body, on_event)
     assert len(killed) == 1
     assert events[-1]["data"] == "[DONE]", events[-2:]
@@ -477,6 +482,21 @@ def test_a_worker_killed_mid_stream_is_continued_elsewhere_gaplessly(fleet: Flee
     assert tail == [e["data"] for e in events[k + 1 :]]
     ids = [ln[4:] for ln in resumed.text.split("\n") if ln.startswith("id: ")]
     assert ids == [e["id"] for e in events[k + 1 :]]
+    # Usage (issue 25): the stream and its continuation once, the resume adding nothing
+    # (a last request, once counted, shows that everything before it is).
+    last = httpx.post(f"{fleet.base}{CHAT}", json={**SHORT, "max_tokens": 1}, timeout=30)
+    told = orjson.loads(events[-2]["data"])["usage"]
+    want = {
+        "requests": before["requests"] + 2,
+        "prompt_tokens": before["prompt_tokens"] + told["prompt_tokens"],
+        "cached_tokens": before["cached_tokens"] + told["prompt_tokens_details"]["cached_tokens"],
+        "completion_tokens": before["completion_tokens"] + 200,
+        "total_tokens": before["total_tokens"] + told["total_tokens"],
+    }
+    for name in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        want[name] += last.json()["usage"][name]
+    want["cached_tokens"] += last.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    eventually(lambda: usage() == want, what="the ledger counted the stream once")
     fleet.revive(killed[0])
 
 

@@ -144,6 +144,19 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
          "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
          "stream": True},
     ),
+    "messages": (
+        "/v1/messages",
+        {"model": "", "system": "Be brief.", "messages": MESSAGES, "max_tokens": 6,
+         "temperature": 0, "stream": True},
+    ),
+    "messages_named_tool": (
+        "/v1/messages",
+        {"model": "", "messages": [{"role": "user", "content": "Weather in Paris?"}],
+         "max_tokens": 40, "temperature": 0, "stream": True,
+         "tools": [{"name": "get_weather", "description": "The weather in a city",
+                    "input_schema": WEATHER["function"]["parameters"]}],  # type: ignore[index]
+         "tool_choice": {"type": "tool", "name": "get_weather"}},
+    ),
 }  # fmt: skip
 
 
@@ -155,17 +168,25 @@ def test_a_stream_is_its_golden_transcript(sim: tuple[Stack, Path], name: str) -
     check(name, raw, t0)
 
 
-def test_an_error_after_the_200_is_its_golden_transcript(sim: tuple[Stack, Path]) -> None:
+@pytest.mark.parametrize(
+    ("name", "path", "body"),
+    [("chat_error_after_200", CHAT, {}), ("messages_error_after_200", "/v1/messages",
+                                           {"model": "", "max_tokens": 8})],
+    ids=["chat", "messages"],
+)  # fmt: skip
+def test_an_error_after_the_200_is_its_golden_transcript(
+    sim: tuple[Stack, Path], name: str, path: str, body: dict[str, Any]
+) -> None:
     """The worker fails after 3 tokens (the sim's injected fault): the tokens, then one
-    `event: error` without an id, and no `[DONE]`."""
+    `event: error` without an id (in the API's own error shape), and no `[DONE]`."""
     s, faults = sim
     faults.write_text(json.dumps({"error_rate": 1.0, "error_after_tokens": 3}))
     try:
-        raw, t0 = post(s, CHAT, {"messages": MESSAGES, "max_tokens": 8, "temperature": 0,
-                                 "stream": True})  # fmt: skip
+        raw, t0 = post(s, path, {"messages": MESSAGES, "max_tokens": 8, "temperature": 0,
+                                 "stream": True, **body})  # fmt: skip
     finally:
         faults.write_text("")
-    check("chat_error_after_200", raw, t0)
+    check(name, raw, t0)
 
 
 def test_a_resumed_stream_is_its_golden_transcript(sim: tuple[Stack, Path]) -> None:

@@ -1,6 +1,7 @@
 """The OpenAI surface against the real engine: the official `openai` SDK through a real
 edge to the session's vLLM worker (SmolLM2-135M-Instruct, `--tool-call-parser hermes`),
-and the same constraints over gRPC with `SluiceClient`.
+and the same constraints over gRPC with `SluiceClient`; Anthropic's Messages API through
+the official `anthropic` SDK on the same edge.
 
 SmolLM2's chat template knows no tools, so what makes a tool call here is the grammar:
 `required` and a named function sample under the calls' JSON schema, and `auto` is shown
@@ -15,6 +16,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import anthropic
 import httpx
 import jsonschema
 import openai
@@ -151,6 +153,41 @@ def test_forced_tool_calls_validate_streamed_and_not_and_the_tool_result_is_acce
         model="", messages=history, tools=TOOLS, tool_choice="none", max_tokens=20
     )
     assert second.choices[0].message.content and not second.choices[0].message.tool_calls
+
+
+def test_anthropic_messages_create_and_stream_with_a_tool_on_vllm(edge: Proc) -> None:
+    """`messages.create` and `messages.stream` (greedy): the same tool_use block, its input
+    valid for the tool's schema; the tool's result answered in text; count_tokens counts
+    what the generation prefilled."""
+    tools: Any = [{"name": "get_weather", "description": "The weather", "input_schema": WEATHER}]
+    kw: Any = {"model": "", "max_tokens": 120, "messages": WEATHER_Q, "tools": tools,
+               "tool_choice": {"type": "tool", "name": "get_weather"},
+               "extra_body": {"temperature": 0}}  # fmt: skip
+    base = f"http://{edge.address}"
+    with anthropic.Anthropic(base_url=base, api_key="none", max_retries=0, timeout=120) as c:
+        whole = c.messages.create(**kw)
+        with c.messages.stream(**kw) as stream:
+            streamed = stream.get_final_message()
+        counted = c.messages.count_tokens(model="", messages=WEATHER_Q, tools=tools)
+        [use] = whole.content
+        assert whole.stop_reason == "tool_use" and use.type == "tool_use"
+        assert use.name == "get_weather"
+        jsonschema.validate(use.input, WEATHER)
+        [got] = streamed.content
+        assert streamed.stop_reason == "tool_use" and got.type == "tool_use"
+        assert (got.name, got.input) == (use.name, use.input)
+        assert streamed.usage.output_tokens == whole.usage.output_tokens
+        usage = whole.usage
+        assert counted.input_tokens == usage.input_tokens + (usage.cache_read_input_tokens or 0)
+        history: Any = [
+            *WEATHER_Q,
+            {"role": "assistant", "content": [use.model_dump(exclude_none=True)]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": use.id, "content": '{"temp": 21}'}]},
+        ]  # fmt: skip
+        second = c.messages.create(model="", max_tokens=16, messages=history, tools=tools,
+                                   tool_choice={"type": "none"})  # fmt: skip
+    assert second.content[0].type == "text" and second.content[0].text
 
 
 def test_auto_with_the_hermes_parser_finds_the_call_in_the_output(

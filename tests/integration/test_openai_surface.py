@@ -240,11 +240,13 @@ def test_responses_structured_output_and_function_call(client: openai.OpenAI) ->
     assert second.status == "completed" and second.output_text
 
 
-def test_responses_refuse_stored_state_by_name(client: openai.OpenAI) -> None:
-    for kw in ({"previous_response_id": "resp_1"}, {"store": True}):
-        with pytest.raises(openai.BadRequestError) as info:
-            client.responses.create(model="", input="hi", **kw)  # type: ignore[arg-type]
-        assert info.value.param == next(iter(kw))
+def test_responses_continue_only_from_a_kept_one(client: openai.OpenAI) -> None:
+    """(Stored responses across replicas: test_responses_store.py.)"""
+    with pytest.raises(openai.NotFoundError) as info:
+        client.responses.create(model="", input="hi", previous_response_id="resp_1")
+    assert info.value.param == "previous_response_id"  # type: ignore[attr-defined]
+    kept = client.responses.create(model="", input="hi", store=True, max_output_tokens=4)
+    assert kept.store is True and client.responses.retrieve(kept.id).id == kept.id
 
 
 def test_responses_history_with_reasoning_items_is_served_as_without_them(
@@ -358,6 +360,17 @@ RESUME_CASES = {
             "tools": [{"type": "function", "name": "get_weather", "parameters": WEATHER_PARAMS}],
         },
     ),
+    # Anthropic's Messages API (its events depend on all before them, as the Responses API's).
+    "messages": ("/v1/messages", {"messages": ASK, "max_tokens": 30}),
+    "messages tool use": (
+        "/v1/messages",
+        {
+            "messages": ASK,
+            "max_tokens": 200,
+            "tool_choice": {"type": "any"},
+            "tools": [{"name": "get_weather", "input_schema": WEATHER_PARAMS}],
+        },
+    ),
 }
 
 
@@ -395,6 +408,7 @@ def test_a_resume_mid_stream_is_exact(sim: Stack, case: str) -> None:
     assert last["data"] == "[DONE]" or last["event"] in (
         "response.completed",
         "response.incomplete",
+        "message_stop",
     )
 
 

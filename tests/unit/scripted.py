@@ -28,6 +28,7 @@ from edge.config import RoutingConfig
 from edge.errors import ApiError, from_status, no_worker
 
 # The Picker protocol's metrics type, taken from where failover itself gets it.
+from edge.upstream.calls import Sink
 from edge.upstream.failover import PoolMetrics
 from edge.upstream.worker import SERVING, Worker
 from generated import sluice_pb2 as pb
@@ -170,7 +171,7 @@ class ScriptedCall:
             return isinstance(step, Accept)
         return not isinstance(step, Fail)  # a refusal: the RPC ended
 
-    async def read(self) -> pb.GenerateResponse:
+    async def read(self, sink: Sink | None = None) -> pb.GenerateResponse:
         while True:
             await self._hooks()
             if self._cancelled.is_set():
@@ -199,6 +200,9 @@ class ScriptedCall:
                 self.ended = True
             self.next_index += 1
             self.messages.append(msg)
+            if sink is not None and isinstance(step, Chunk) and sink.ready():
+                sink.take(msg)  # as a session hands chunks on: from the reader, no return
+                continue
             return msg
 
     async def settle(self, timeout_s: float) -> bool:

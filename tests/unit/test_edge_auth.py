@@ -95,7 +95,10 @@ def test_access_table(method, path, access):
         ([(b"authorization", b"bearer   abc  ")], "abc"),
         ([(b"authorization", b"Basic abc")], ""),
         ([(b"authorization", b"Bearer")], ""),
-        ([(b"x-api-key", b"abc")], ""),
+        # Anthropic's clients send their key as X-Api-Key; a Bearer token wins over it.
+        ([(b"x-api-key", b" abc ")], "abc"),
+        ([(b"x-api-key", b"abc"), (b"authorization", b"Bearer def")], "def"),
+        ([(b"authorization", b"Bearer def"), (b"x-api-key", b"abc")], "def"),
         ([], ""),
     ],
 )

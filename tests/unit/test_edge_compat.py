@@ -110,7 +110,7 @@ def test_every_vllm_field_is_decided() -> None:
         ("completion", {"prompt": "hi", "max_token": 3}, "max_token"),
         ("completion", {"prompt": "hi", "suffix": "x"}, "suffix"),
         ("responses", {"input": "hi", "n": 2}, "n"),
-        ("responses", {"input": "hi", "store": True}, "store"),
+        ("responses", {"input": "hi", "store": "yes"}, "store"),
     ],
 )
 def test_fields_refused_by_name(endpoint: Endpoint, body: dict[str, Any], param: str) -> None:

@@ -151,3 +151,55 @@ async def test_client_cancel_ends_with_cancelled() -> None:
         pb.FINISH_REASON_CANCELLED
     )
     assert gen.error is None and hooks.ended == [gen]
+
+
+class TagReasoner:
+    """A `Reasoner` splitting on <think> ... </think> pieces (vLLM's parsers are tested
+    through a worker: test_messages_and_reasoning.py)."""
+
+    def __init__(self) -> None:
+        self.state = "before"
+
+    def feed(self, text: str, token_ids: list[int]) -> tuple[str, str]:
+        if text in ("<think>", "</think>"):
+            self.state = "thinking" if text == "<think>" else "answer"
+            return "", ""
+        return (text, "") if self.state == "thinking" else ("", text)
+
+
+async def _thinking_run(script: str, delay: float) -> list[pb.TokenChunk]:
+    """The chunks of one generation answering `script`, split by `TagReasoner`; unfollowed
+    (`delay` 0: everything ready merges) or followed token by token."""
+    opts = SimOptions(ttft_s=0, token_delay_s=delay, answer=script)
+    engine = SimEngine(EngineConfig(engine="sim", sim=opts))
+    await engine.start()
+    hooks = Hooks()
+    rt = Runtime(engine, hooks, Histogram((0.01, 0.1)), hooks.store)
+    req = GenerationRequest(request_id="t", sampling=SamplingParams(max_tokens=40),
+                            prompt="rivers?")  # fmt: skip
+    req.prompt_token_ids = await engine.tokenize(req)
+    gen = Generation(rt, req, engine_id="t#1", arrived=0.0, timeout_s=None, detach_grace_s=1)
+    gen.reasoners = [TagReasoner()]
+    start(gen)
+    if delay:
+        raw = await follow(gen)
+    else:
+        await gen.task  # type: ignore[misc]
+        raw = [gen.take(i) for i in range(gen.index)]
+    return [pb.GenerateResponse.FromString(m).chunk for m in raw][:-1]
+
+
+async def test_thinking_is_split_from_the_answer_and_never_merged_after_it() -> None:
+    thought, answer = " the river is long ", " Paris is the answer"
+    for delay in (0.0, 0.001):
+        chunks = await _thinking_run(f"<think>{thought}</think>{answer}", delay)
+        # A chunk's thinking comes before its text: read so, the order is the model's.
+        assert "".join(c.reasoning + c.text for c in chunks) == thought + answer
+        assert "".join(c.reasoning for c in chunks) == thought
+        # Unfollowed, thinking and then the answer merge into one chunk; followed, each
+        # token is a chunk (the script's 19, less the two delimiters' merged away or not).
+        assert len(chunks) == 1 if not delay else len(chunks) >= 17
+    # Thinking again after some answer: it starts a chunk of its own, never merged behind
+    # the text before it.
+    chunks = await _thinking_run("<think> a </think> b <think> c </think> d", 0.0)
+    assert [(c.reasoning, c.text) for c in chunks] == [(" a ", " b "), (" c ", " d")]

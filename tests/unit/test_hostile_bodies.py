@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
+from edge.api.messages import parse_messages
 from edge.api.nesting import MAX_DEPTH
 from edge.api.responses import parse_responses
 from edge.api.schema import decode_body, parse_chat, parse_completion
@@ -87,7 +88,22 @@ CASES: list[tuple[str, bytes, str | None]] = [
         "input[0].arguments",
     ),
 ]
+# Anthropic's Messages API: the same readers under its own field names.
+ANTHROPIC = '"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]'
+CASES += [
+    ("messages", f'{{{ANTHROPIC}, "metadata": {nested(300)}}}'.encode(), "metadata.a.a.a.a"),
+    (
+        "messages",
+        f'{{{ANTHROPIC}, "tools": [{{"name": "f", "input_schema": '
+        f"{schema_nested(260)}}}]}}".encode(),
+        "tools[0].input_schema.properties.a",
+    ),
+    ("messages", f'{{{ANTHROPIC}, "temperature": 1e400}}'.encode(), None),
+    ("messages", f'{{{ANTHROPIC}, "stop_sequences": ["END", ""]}}'.encode(), "stop_sequences"),
+    ("messages", f'{{{ANTHROPIC}, "metadata": {{"user_id": 7}}}}'.encode(), "metadata.user_id"),
+]
 PARSERS: dict[str, Any] = {
+    "messages": parse_messages,
     "chat": parse_chat,
     "completion": parse_completion,
     "responses": parse_responses,

@@ -7,8 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from model_service.intake.adapters import Adapters
 from model_service.rpc.load import LoadReporter, intervals
-from model_service.types import EngineStats
+from model_service.types import Adapter, EngineStats
 from tests.waits import eventually_async
 
 
@@ -34,6 +35,7 @@ def fake_core(**stats: object) -> SimpleNamespace:
         draining=False,
         metrics=SimpleNamespace(completion_tokens=0),
         admission=SimpleNamespace(queued=0),
+        adapters=Adapters("base", 2, 16),
     )
 
 
@@ -88,3 +90,15 @@ async def test_a_stream_sends_at_once_on_change_and_as_a_heartbeat() -> None:
     core.draining = True
     assert (await asyncio.wait_for(anext(stream), 1)).draining
     await stream.aclose()
+
+
+def test_adapters_loaded_and_at_work_are_changes_a_push_carries() -> None:
+    core = fake_core(running=0)
+    reporter = LoadReporter(core, Clock())  # type: ignore[arg-type]
+    before = reporter.figures()
+    adapter = Adapter("a", "/x", 1, 8)
+    core.adapters.add(adapter)
+    core.adapters.acquire(adapter)
+    after = reporter.figures()
+    assert (after.models_version, after.active_adapters) == (1, ("a",))
+    assert after.key() != before.key()  # sent at once, not at the next heartbeat

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
-from model_service.obs.metrics import WorkerMetrics
+from model_service.obs.metrics import Rate, WorkerMetrics
 from model_service.types import EngineStats, WorkerFigures
 from sluice_common.histogram import Histogram
 
@@ -59,3 +59,26 @@ def test_before_the_engine_is_ready_load_gauges_read_zero() -> None:
     m.watch(lambda: WorkerFigures(False, False, None, 0, 0, 0, 0, 0, 0, 0, 0))
     s = samples(m)
     assert s["sluice_worker_ready"] == 0 and s["sluice_worker_running_requests"] == 0
+
+
+def test_the_autoscaling_signals_queue_depth_and_tokens_per_second() -> None:
+    m = WorkerMetrics()
+    now = [100.0]
+    m.tokens_per_s = Rate(10.0, clock=lambda: now[0])
+    stats = EngineStats(running=2, waiting=3, max_running=4, kv_cache_usage=0.25)
+    m.watch(lambda: WorkerFigures(True, False, stats, 9, 4, 0, 0, 0, 0, 0, 0))
+    p = "sluice_worker_"
+    assert samples(m)[p + "generation_tokens_per_second"] == 0  # one scrape: no rate yet
+    for _ in range(4):
+        now[0] += 5.0
+        m.ended("OK", 1, 100, (0.0, 0.0, 0.0))
+    s = samples(m)  # 400 tokens in 20 s; the window keeps the samples of the last 10 s+
+    assert s[p + "queue_depth"] == 7  # the worker's queue (4) and the engine's (3)
+    assert s[p + "generation_tokens_per_second"] == 20.0
+    now[0] += 5.0
+    m.ended("OK", 1, 50, (0.0, 0.0, 0.0))
+    assert samples(m)[p + "generation_tokens_per_second"] == 18.0  # (50 + 400) / 25 s
+    for _ in range(3):
+        now[0] += 5.0
+        samples(m)
+    assert samples(m)[p + "generation_tokens_per_second"] == 0  # nothing in the last 15 s

@@ -13,21 +13,25 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from model_service.engines.base import Engine
+from model_service.engines import reasoning
+from model_service.engines.base import Engine, Reasoner
 from model_service.engines.sim.cache import PrefixCache
 from model_service.engines.sim.faults import Faults
 from model_service.engines.sim.structured import pieces, structured_text
 from model_service.engines.sim.text import (
     VOCAB,
     Lcg,
+    SimTokenizer,
     chat_template,
     find_stop,
+    script_pieces,
     tokenize,
     with_calls,
     word_id,
 )
 from model_service.errors import EngineError
 from model_service.types import (
+    Adapter,
     EngineOutput,
     EngineStats,
     FinishReason,
@@ -52,6 +56,7 @@ class SimEngine(Engine):
     """Simulated continuous-batching engine (see module docstring)."""
 
     name = "sim"
+    serves_adapters = True  # an adapter changes the sampler's seed (`_sampler`)
 
     def __init__(self, config) -> None:  # type: ignore[no-untyped-def]
         super().__init__(config)
@@ -68,6 +73,7 @@ class SimEngine(Engine):
         self._faults = Faults(self._opts.fault_file) if self._opts.fault_file else None
         self._cache = PrefixCache(self._opts.block_tokens) if self._opts.prefix_cache else None
         self._prefill_free_at = 0.0  # when the one prefill lane is free (loop clock)
+        self._reasoning: object = None  # the reasoning parser's class, if one is named
         self._info = ModelInfo(
             id=config.model_name,
             max_model_len=config.max_model_len,
@@ -79,6 +85,9 @@ class SimEngine(Engine):
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        if self.config.reasoning_parser:  # imports vLLM (seconds): off the event loop
+            name = self.config.reasoning_parser
+            self._reasoning = await asyncio.to_thread(reasoning.parser_class, name)
         if self._opts.startup_s > 0:
             await asyncio.sleep(self._opts.startup_s)
         self._started = True
@@ -103,6 +112,11 @@ class SimEngine(Engine):
                 pairs.insert(0, ("tools", " ".join(t.name for t in request.tools)))
             return chat_template(tuple(pairs), request.add_generation_prompt)
         return request.prompt or ""
+
+    def reasoner(self) -> Reasoner | None:
+        if self._reasoning is None:
+            return None
+        return reasoning.VllmReasoner(self._reasoning, SimTokenizer())
 
     def check(self, request: GenerationRequest) -> None:
         if request.structured is not None:  # refuses what the sim cannot write
@@ -197,6 +211,9 @@ class SimEngine(Engine):
             if not fut.done():  # a sequence cancelled while waiting cancels its own future
                 fut.set_result(None)
 
+    async def load_adapter(self, adapter: Adapter) -> None:
+        return None  # the sim has no weights: an adapter is its name (`_sampler`)
+
     def _sampler(self, request: GenerationRequest, prompt_ids: list[int]) -> Lcg:
         sp = request.sampling
         if sp.temperature == 0:
@@ -205,6 +222,8 @@ class SimEngine(Engine):
             key = f"{prompt_ids!r}/{sp.seed}/{sp.temperature}/{sp.top_p}/{sp.top_k}"
         else:
             return Lcg(int.from_bytes(os.urandom(8)))
+        if request.adapter is not None:  # another answer, as deterministic as the base's
+            key = f"{key}/lora:{request.adapter.name}"
         return Lcg(int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest()))
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
@@ -243,6 +262,9 @@ class SimEngine(Engine):
             script = None
             if request.structured is not None:
                 script = pieces(structured_text(request.structured, VOCAB, rng.below))
+                answer_len = len(script)
+            elif opts.answer:  # a scripted answer (a thinking model's, in tests)
+                script = script_pieces(opts.answer)
                 answer_len = len(script)
             fail_at, prefill = 0, opts.ttft_s
             if self._faults is not None:

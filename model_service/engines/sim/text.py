@@ -1,5 +1,5 @@
 """The sim's text: a small vocabulary, a word-level tokenizer, its chat template, a cheap
-seeded sampler, and the stop-string search."""
+seeded sampler, the stop-string search, and a scripted answer's tokens."""
 
 from __future__ import annotations
 
@@ -40,6 +40,36 @@ def chat_template(messages: tuple[tuple[str, str], ...], add_generation_prompt: 
     if add_generation_prompt:
         lines.append("<|assistant|>")
     return "\n".join(lines)
+
+
+# A scripted answer's tokens (`--sim-answer`): <tags> (a thinking model's delimiters),
+# words, runs of spaces, single marks.
+_SCRIPT_RE = re.compile(r"</?[\w|:]+>|\w+|\s+|[^\w\s]")
+
+
+def script_pieces(text: str) -> list[str]:
+    return _SCRIPT_RE.findall(text)
+
+
+class SimVocab(dict[str, int]):
+    """The sim's vocabulary as a tokenizer's `get_vocab()`: every piece has an id (its
+    `word_id`), so a reasoning parser finds its delimiters' ids in a scripted answer."""
+
+    def get(self, key: str, default: int | None = None) -> int:  # type: ignore[override]
+        return word_id(key)
+
+    def __getitem__(self, key: str) -> int:
+        return word_id(key)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str)
+
+
+class SimTokenizer:
+    """What a vLLM reasoning parser asks of a tokenizer, for the sim's pieces."""
+
+    def get_vocab(self) -> dict[str, int]:
+        return SimVocab()
 
 
 class Lcg:

@@ -48,6 +48,8 @@ class TritonEngine(Engine):
         self._calls: dict[str, Any] = {}  # engine request id -> its ModelStreamInfer call
 
     async def start(self) -> None:
+        if self.config.reasoning_parser:  # vLLM's parsers read token ids; Triton sends text
+            raise RuntimeError("--reasoning-parser is not served with --engine triton")
         self._tokenizer = await asyncio.to_thread(_load_tokenizer, self.config.model)
         self._client = _client(self.options)
         await self._wait_ready()

@@ -29,6 +29,7 @@ OPTION_HINTS: tuple[tuple[tuple[str, ...], str], ...] = (
     ),
     (("max_num_seqs", "max-num-seqs"), "--max-num-seqs"),
     (("dtype",), "--dtype"),
+    (("lora",), "--max-loras, --max-lora-rank"),
     (("enforce_eager", "enforce-eager", "eager"), "--enforce-eager"),
     (("tensor_parallel", "tensor parallel", "world_size", "world size"), "--tensor-parallel-size"),
     (("pipeline_parallel", "pipeline parallel"), "--pipeline-parallel-size"),
@@ -83,6 +84,17 @@ def build_engine_args(config: EngineConfig) -> Any:
         # class it is first come, first served, as the default policy is.
         "scheduling_policy": "priority",
     }
+    if config.max_loras:
+        # Every adapter the worker holds stays resident (CPU cache = batch slots = the
+        # worker's slots), so vLLM never evicts one the worker still lists.
+        kwargs.update(
+            enable_lora=True,
+            max_loras=config.max_loras,
+            max_cpu_loras=config.max_loras,
+            max_lora_rank=config.max_lora_rank,
+        )
+    if config.reasoning_parser:  # structured outputs apply once the thinking has ended
+        kwargs["reasoning_parser"] = config.reasoning_parser
     if opts.otlp_traces_endpoint:  # tracing on: vLLM exports its request spans there too
         kwargs["otlp_traces_endpoint"] = opts.otlp_traces_endpoint
     if opts.kv_cache_space_gb is not None:
@@ -176,6 +188,8 @@ def describe(args: Any) -> str:
         "gpu_memory_utilization",
         "kv_cache_memory_bytes",
         "speculative_config",
+        "max_loras",
+        "max_lora_rank",
         "tensor_parallel_size",
         "pipeline_parallel_size",
         "data_parallel_size",

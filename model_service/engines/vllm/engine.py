@@ -14,11 +14,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, cast
 
 from model_service.config import EngineConfig
-from model_service.engines import chat_template
-from model_service.engines.base import Engine
+from model_service.engines import chat_template, reasoning
+from model_service.engines.base import Engine, Reasoner
 from model_service.engines.vllm.stats import StatsCollector
 from model_service.errors import EngineDead, EngineError, InvalidArgument, Overloaded, Unavailable
 from model_service.types import (
+    Adapter,
     ChatMessage,
     CompileJob,
     EngineOutput,
@@ -52,6 +53,7 @@ class VllmEngine(Engine):
     """`Engine` over vLLM's `AsyncLLM` (see module docstring)."""
 
     name = "vllm"
+    serves_adapters = True  # with --max-loras: vLLM's LoRA support (`args.py`)
 
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)
@@ -60,6 +62,7 @@ class VllmEngine(Engine):
         self._collector = StatsCollector(config.max_num_seqs)
         self._info: ModelInfo | None = None
         self._tokenize_pool = ThreadPoolExecutor(1, thread_name_prefix="sluice-tokenize")
+        self._reasoning: Any = None  # the reasoning parser's class, if one is named
 
     async def start(self) -> None:
         from model_service.engines.vllm.args import build_engine_args, describe
@@ -68,6 +71,8 @@ class VllmEngine(Engine):
             from model_service.engines.vllm.tools import parser_class
 
             parser_class(self.config.vllm.tool_call_parser)
+        if self.config.reasoning_parser:
+            self._reasoning = reasoning.parser_class(self.config.reasoning_parser)
         args = build_engine_args(self.config)
         log.info("starting vLLM: %s", describe(args))
         # Hold the AsyncLLM in no local here: something in vLLM keeps a frame from building the
@@ -163,6 +168,7 @@ class VllmEngine(Engine):
             tokens_input(ids),
             self._sampling_params(request),
             request.request_id,
+            lora_request=_lora_request(request.adapter),
             trace_headers=request.trace_headers,  # vLLM's own spans join the caller's trace
             priority=request.priority,  # 0 high .. 2 low: lower goes first
         )
@@ -202,6 +208,19 @@ class VllmEngine(Engine):
         finally:
             await outputs.aclose()  # aborts the request in vLLM unless it finished
 
+    async def load_adapter(self, adapter: Adapter) -> None:
+        if self._llm is None:
+            raise Unavailable("engine is not ready yet")
+        try:
+            await self._llm.add_lora(_lora_request(adapter))
+        except Exception as exc:  # vLLM's worker error, re-raised as a bare Exception
+            reason = str(exc).split("Worker failed with error ", 1)[-1]
+            raise InvalidArgument("path", f"vLLM cannot load {adapter.path!r}: {reason}") from None
+
+    async def unload_adapter(self, adapter: Adapter) -> None:
+        if self._llm is not None:
+            await self._llm.remove_lora(adapter.id)
+
     def check(self, request: GenerationRequest) -> CompileJob | None:
         """vLLM's own checks of the parameters, constraint included, before acceptance;
         the compile its xgrammar backend will then run."""
@@ -234,6 +253,11 @@ class VllmEngine(Engine):
 
         size = self._llm.model_config.get_vocab_size()
         return await asyncio.to_thread(vocab_json, self._tokenizer, size)
+
+    def reasoner(self) -> Reasoner | None:
+        if self._reasoning is None or self._tokenizer is None:
+            return None
+        return reasoning.VllmReasoner(self._reasoning, self._tokenizer)
 
     def tool_parser(self, request: GenerationRequest, ids: Callable[[int], str]) -> Any:
         name = self.config.vllm.tool_call_parser
@@ -341,6 +365,15 @@ def _json_or_text(text: str) -> Any:
 
 
 STRUCTURED_WORDS = ("structured", "grammar", "schema", "regex", "choice", "json", "xgrammar")
+
+
+def _lora_request(adapter: Adapter | None) -> Any:
+    """vLLM's `LoRARequest` for an adapter (None: the base model)."""
+    if adapter is None:
+        return None
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest(adapter.name, adapter.id, adapter.path)
 
 
 def _invalid(exc: Exception, request: GenerationRequest | None) -> InvalidArgument:

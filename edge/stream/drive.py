@@ -1,0 +1,56 @@
+"""`send_now`: run an ASGI `send` to its end in the caller's task when it does not wait.
+
+Events are written from the upstream reader's task (`edge.stream.response.take`). uvicorn's
+`send` waits only when the client lags (flow control), so it is stepped by hand: done at
+once, or the rest becomes a task of its own, resumed as its first task would have.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine, Generator
+from typing import Any, cast
+
+from starlette.types import Message
+
+
+def send_now(
+    send: Callable[[Message], Awaitable[None]], message: Message
+) -> asyncio.Future[None] | None:
+    """Send `message`; None if that is done, else the future of the rest of the send.
+    Its exceptions are raised here if they come before the first wait."""
+    coro = cast(Coroutine[Any, Any, None], send(message))  # an `async def` send
+    try:
+        waiting = coro.send(None)
+    except StopIteration:
+        return None
+    return asyncio.ensure_future(_Rest(coro, waiting).run())
+
+
+class _Rest:
+    """A coroutine that already yielded once, awaited from where it stopped (what
+    `yield from` would do had it been there from the start)."""
+
+    __slots__ = ("_coro", "_waiting")
+
+    def __init__(self, coro: Coroutine[Any, Any, None], waiting: Any) -> None:
+        self._coro, self._waiting = coro, waiting
+
+    async def run(self) -> None:
+        await self
+
+    def __await__(self) -> Generator[Any, Any, None]:
+        coro, waiting = self._coro, self._waiting
+        while True:
+            try:
+                value = yield waiting
+            except BaseException as exc:  # thrown in (a cancel): pass it on
+                try:
+                    waiting = coro.throw(exc)
+                except StopIteration:
+                    return
+                continue
+            try:
+                waiting = coro.send(value)
+            except StopIteration:
+                return
