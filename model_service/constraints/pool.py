@@ -119,7 +119,8 @@ class CompilerPool:
         raw = b""
         self.busy.add(worker.proc.pid)
         try:
-            worker.conn.send_bytes(line.encode())  # it waits for it: the pipe drains
+            # From a thread: a spec over the pipe's buffer waits for the niced child to read.
+            await asyncio.to_thread(worker.conn.send_bytes, line.encode())
             raw = await worker.recv(self.limit_s)
         except TimeoutError:
             return Verdict("slow", time.monotonic() - started)

@@ -33,7 +33,7 @@ CANARY: dict[str, Any] = {
     "max_tokens": 8,
     "temperature": 0,
 }
-UNLOADED_SAMPLES = 8
+UNLOADED_SAMPLES = 16  # about as many as run beside the cases
 
 
 def _props(n: int, required: bool, first: int = 0) -> dict[str, Any]:
