@@ -99,7 +99,7 @@ def write_port_file(path: str, port: int) -> None:
     os.replace(tmp, path)
 
 
-def bind(host: str, port: int, sndbuf: int = 0) -> socket.socket:
+def bind(host: str, port: int, sndbuf: int = 0, backlog: int = 2048) -> socket.socket:
     """Bind before uvicorn starts, so port 0 is known and worker processes can share it.
     Accepted connections inherit the listening socket's SO_SNDBUF."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -108,7 +108,7 @@ def bind(host: str, port: int, sndbuf: int = 0) -> socket.socket:
     if sndbuf > 0:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
     sock.bind((host, port))
-    sock.listen(2048)
+    sock.listen(backlog)
     sock.set_inheritable(True)
     return sock
 
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     check_files(edge)
     s = edge.server
     logging.config.dictConfig(log_config(s.log_format, s.log_level))
-    sock = bind(s.host, s.port, s.socket_sndbuf)
+    sock = bind(s.host, s.port, s.socket_sndbuf, s.backlog)
     port = sock.getsockname()[1]
     if s.processes > 1:
         # Each process builds its own app (own channels, own metrics) from the environment;

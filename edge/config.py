@@ -23,7 +23,7 @@ ADMIN_KEY_ENV = "SLUICE_ADMIN_KEY"
 CONTINUE_MODES = ("never", "sampled", "always")
 # How a worker is chosen within a pool for a request without a session key
 # (`edge.routing.scores`); a pool may set its own (`policy` in the pools file).
-POLICIES = ("session", "cache_aware", "least_load", "random")
+POLICIES = ("session", "cache_aware", "kv_aware", "least_load", "random")
 
 
 @dataclass(slots=True)
@@ -32,6 +32,9 @@ class ServerConfig:
     port: int = option(8000, "--port", "port (0 picks a free one)")
     port_file: str = option("", "--port-file", "write the bound port here once listening")
     processes: int = option(1, "--processes", "edge processes (uvicorn workers)")
+    # Connections the kernel holds before the loop accepts them (capped by
+    # net.core.somaxconn): a burst of thousands of new streams must not overflow it.
+    backlog: int = option(8192, "--backlog", "pending connections to hold (listen backlog)")
     drain_grace_s: float = option(30.0, "--drain-grace", "seconds streams may finish on SIGTERM")
     # Kernel send buffer per client connection (SO_SNDBUF); 0 = the kernel's autotuning,
     # which lets each stalled SSE reader pin up to net.ipv4.tcp_wmem's maximum (often 4 MiB).
@@ -132,6 +135,9 @@ class RoutingConfig:
     cache_balance_rel: float = option(
         1.5, "--cache-balance-rel", "...and this factor more load than the least loaded"
     )
+    kv_index_blocks: int = option(
+        262_144, "--kv-index-blocks", "kv_aware: most block hashes held per worker (oldest out)"
+    )
     # A frozen or silently dead worker is found within keepalive + keepalive timeout:
     # its connection fails, its health Watch with it (out of rotation), and its calls end
     # UNAVAILABLE (retried elsewhere before the first token, continued or ended after).
@@ -213,6 +219,12 @@ class SecurityConfig:
     )
     max_arguments_chars: int = option(
         262_144, "--max-arguments-chars", "longest history tool-call arguments (0: off)"
+    )
+    chat_roles: list[str] = option(
+        [],
+        "--chat-role",
+        "a chat role beyond OpenAI's five that the workers' template defines (repeat)",
+        action="append",
     )
     cors_origins: list[str] = option(
         [], "--cors-origin", "browser origin allowed (repeat; '*': any)", action="append"

@@ -51,7 +51,7 @@ class GenerateRequest(_message.Message):
     def __init__(self, start: _Optional[_Union[StartGeneration, _Mapping]] = ..., cancel: _Optional[_Union[CancelGeneration, _Mapping]] = ...) -> None: ...
 
 class StartGeneration(_message.Message):
-    __slots__ = ("request_id", "model", "chat", "prompt", "prompt_tokens", "sampling", "timeout_ms", "multiplexed", "stamp_times", "detach_grace_ms", "structured_output", "stream_usage", "priority", "tenant", "trace_id", "traceparent", "tracestate", "return_prompt_tokens")
+    __slots__ = ("request_id", "model", "chat", "prompt", "prompt_tokens", "sampling", "timeout_ms", "multiplexed", "stamp_times", "detach_grace_ms", "structured_output", "stream_usage", "priority", "tenant", "trace_id", "traceparent", "tracestate", "return_prompt_tokens", "return_prompt_text")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
@@ -70,6 +70,7 @@ class StartGeneration(_message.Message):
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     TRACESTATE_FIELD_NUMBER: _ClassVar[int]
     RETURN_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RETURN_PROMPT_TEXT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     chat: ChatInput
@@ -88,7 +89,8 @@ class StartGeneration(_message.Message):
     traceparent: str
     tracestate: str
     return_prompt_tokens: bool
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., chat: _Optional[_Union[ChatInput, _Mapping]] = ..., prompt: _Optional[str] = ..., prompt_tokens: _Optional[_Union[TokenPrompt, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., timeout_ms: _Optional[int] = ..., multiplexed: _Optional[bool] = ..., stamp_times: _Optional[bool] = ..., detach_grace_ms: _Optional[int] = ..., structured_output: _Optional[_Union[StructuredOutput, _Mapping]] = ..., stream_usage: _Optional[bool] = ..., priority: _Optional[_Union[Priority, str]] = ..., tenant: _Optional[str] = ..., trace_id: _Optional[str] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ..., return_prompt_tokens: _Optional[bool] = ...) -> None: ...
+    return_prompt_text: bool
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., chat: _Optional[_Union[ChatInput, _Mapping]] = ..., prompt: _Optional[str] = ..., prompt_tokens: _Optional[_Union[TokenPrompt, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., timeout_ms: _Optional[int] = ..., multiplexed: _Optional[bool] = ..., stamp_times: _Optional[bool] = ..., detach_grace_ms: _Optional[int] = ..., structured_output: _Optional[_Union[StructuredOutput, _Mapping]] = ..., stream_usage: _Optional[bool] = ..., priority: _Optional[_Union[Priority, str]] = ..., tenant: _Optional[str] = ..., trace_id: _Optional[str] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ..., return_prompt_tokens: _Optional[bool] = ..., return_prompt_text: _Optional[bool] = ...) -> None: ...
 
 class StructuredOutput(_message.Message):
     __slots__ = ("json_schema", "json_object", "regex", "choice", "grammar", "disable_any_whitespace")
@@ -194,7 +196,7 @@ class ChatMessage(_message.Message):
     def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., tool_call_id: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
-    __slots__ = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "presence_penalty", "frequency_penalty", "n", "logprobs", "ignore_eos", "min_tokens", "repetition_penalty", "min_p", "stop_token_ids", "logit_bias")
+    __slots__ = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "presence_penalty", "frequency_penalty", "n", "logprobs", "ignore_eos", "min_tokens", "repetition_penalty", "min_p", "stop_token_ids", "logit_bias", "prompt_logprobs")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -218,6 +220,7 @@ class SamplingParams(_message.Message):
     MIN_P_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     max_tokens: int
     temperature: float
     top_p: float
@@ -234,7 +237,8 @@ class SamplingParams(_message.Message):
     min_p: float
     stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
     logit_bias: _containers.ScalarMap[int, float]
-    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., n: _Optional[int] = ..., logprobs: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., min_tokens: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., min_p: _Optional[float] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., logit_bias: _Optional[_Mapping[int, float]] = ...) -> None: ...
+    prompt_logprobs: int
+    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., n: _Optional[int] = ..., logprobs: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., min_tokens: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., min_p: _Optional[float] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., prompt_logprobs: _Optional[int] = ...) -> None: ...
 
 class CancelGeneration(_message.Message):
     __slots__ = ("request_id",)
@@ -315,7 +319,7 @@ class GenerateResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., index: _Optional[int] = ..., chunk: _Optional[_Union[TokenChunk, _Mapping]] = ..., final: _Optional[_Union[Final, _Mapping]] = ..., worker_time_ns: _Optional[int] = ...) -> None: ...
 
 class TokenChunk(_message.Message):
-    __slots__ = ("text", "token_ids", "logprobs", "choice", "tool_calls", "usage", "choice_end", "prompt_token_ids", "reasoning")
+    __slots__ = ("text", "token_ids", "logprobs", "choice", "tool_calls", "usage", "choice_end", "prompt_token_ids", "reasoning", "prompt_logprobs", "prompt_text")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
@@ -325,6 +329,8 @@ class TokenChunk(_message.Message):
     CHOICE_END_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     REASONING_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TEXT_FIELD_NUMBER: _ClassVar[int]
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
@@ -334,7 +340,9 @@ class TokenChunk(_message.Message):
     choice_end: ChoiceEnd
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     reasoning: str
-    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., choice: _Optional[int] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCallDelta, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., choice_end: _Optional[_Union[ChoiceEnd, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., reasoning: _Optional[str] = ...) -> None: ...
+    prompt_logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
+    prompt_text: str
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., choice: _Optional[int] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCallDelta, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., choice_end: _Optional[_Union[ChoiceEnd, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., reasoning: _Optional[str] = ..., prompt_logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., prompt_text: _Optional[str] = ...) -> None: ...
 
 class ToolCallDelta(_message.Message):
     __slots__ = ("index", "id", "name", "arguments")
@@ -359,16 +367,18 @@ class ChoiceEnd(_message.Message):
     def __init__(self, reason: _Optional[_Union[FinishReason, str]] = ..., stop_sequence: _Optional[str] = ..., completion_tokens: _Optional[int] = ...) -> None: ...
 
 class TokenLogprob(_message.Message):
-    __slots__ = ("token_id", "logprob", "top", "text")
+    __slots__ = ("token_id", "logprob", "top", "text", "rank")
     TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     LOGPROB_FIELD_NUMBER: _ClassVar[int]
     TOP_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
     token_id: int
     logprob: float
     top: _containers.RepeatedCompositeFieldContainer[TopLogprob]
     text: str
-    def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ..., top: _Optional[_Iterable[_Union[TopLogprob, _Mapping]]] = ..., text: _Optional[str] = ...) -> None: ...
+    rank: int
+    def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ..., top: _Optional[_Iterable[_Union[TopLogprob, _Mapping]]] = ..., text: _Optional[str] = ..., rank: _Optional[int] = ...) -> None: ...
 
 class TopLogprob(_message.Message):
     __slots__ = ("token_id", "text", "logprob")
@@ -581,3 +591,35 @@ class WorkerLoad(_message.Message):
     models_version: int
     active_adapters: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., max_running: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., draining: _Optional[bool] = ..., prefix_cache_hit_rate: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., prefix_cache_queried_tokens: _Optional[int] = ..., prefix_cache_hit_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., kv_cache_tokens: _Optional[int] = ..., seq: _Optional[int] = ..., models_version: _Optional[int] = ..., active_adapters: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class WatchCacheRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CacheLayout(_message.Message):
+    __slots__ = ("block_size", "hash_algo", "hash_seed", "capacity_blocks", "instance")
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    HASH_ALGO_FIELD_NUMBER: _ClassVar[int]
+    HASH_SEED_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    block_size: int
+    hash_algo: str
+    hash_seed: bytes
+    capacity_blocks: int
+    instance: str
+    def __init__(self, block_size: _Optional[int] = ..., hash_algo: _Optional[str] = ..., hash_seed: _Optional[bytes] = ..., capacity_blocks: _Optional[int] = ..., instance: _Optional[str] = ...) -> None: ...
+
+class CacheEvents(_message.Message):
+    __slots__ = ("seq", "snapshot", "layout", "stored", "removed")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    snapshot: bool
+    layout: CacheLayout
+    stored: _containers.RepeatedScalarFieldContainer[int]
+    removed: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, seq: _Optional[int] = ..., snapshot: _Optional[bool] = ..., layout: _Optional[_Union[CacheLayout, _Mapping]] = ..., stored: _Optional[_Iterable[int]] = ..., removed: _Optional[_Iterable[int]] = ...) -> None: ...

@@ -80,6 +80,11 @@ class GenerationStub:
                 request_serializer=generated_dot_sluice__pb2.WatchLoadRequest.SerializeToString,
                 response_deserializer=generated_dot_sluice__pb2.WorkerLoad.FromString,
                 _registered_method=True)
+        self.WatchCache = channel.unary_stream(
+                '/sluice.v1.Generation/WatchCache',
+                request_serializer=generated_dot_sluice__pb2.WatchCacheRequest.SerializeToString,
+                response_deserializer=generated_dot_sluice__pb2.CacheEvents.FromString,
+                _registered_method=True)
 
 
 class GenerationServicer:
@@ -193,6 +198,19 @@ class GenerationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchCache(self, request, context):
+        """Pushes what the engine's prefix cache holds, for routers that place a prompt where its
+        blocks are: first a snapshot (every block held, and how blocks are named), then the
+        blocks stored and removed as the engine reports them (vLLM's KV-cache events, the
+        sim's cache), coalesced while the caller reads. A caller that falls behind, or an
+        engine whose own events had a gap, gets a new snapshot instead. FAILED_PRECONDITION
+        when the engine publishes no events (vLLM without `--kv-events`, prefix caching off).
+        The stream runs until the caller cancels it or the worker stops.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GenerationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -240,6 +258,11 @@ def add_GenerationServicer_to_server(servicer, server):
                     servicer.WatchLoad,
                     request_deserializer=generated_dot_sluice__pb2.WatchLoadRequest.FromString,
                     response_serializer=generated_dot_sluice__pb2.WorkerLoad.SerializeToString,
+            ),
+            'WatchCache': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchCache,
+                    request_deserializer=generated_dot_sluice__pb2.WatchCacheRequest.FromString,
+                    response_serializer=generated_dot_sluice__pb2.CacheEvents.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -486,6 +509,33 @@ class Generation:
             '/sluice.v1.Generation/WatchLoad',
             generated_dot_sluice__pb2.WatchLoadRequest.SerializeToString,
             generated_dot_sluice__pb2.WorkerLoad.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchCache(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/sluice.v1.Generation/WatchCache',
+            generated_dot_sluice__pb2.WatchCacheRequest.SerializeToString,
+            generated_dot_sluice__pb2.CacheEvents.FromString,
             options,
             channel_credentials,
             insecure,

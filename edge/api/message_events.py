@@ -43,7 +43,6 @@ class MessagesFormat:
 
     replay_from_start = True
     include_usage = False
-    prompt_first = False  # the prompt's ids come as the first chunk, through `events`
 
     def __init__(self, request_id: str, model: str) -> None:
         self.message_id = f"msg_{request_id}"
@@ -55,8 +54,11 @@ class MessagesFormat:
         self._calls: dict[int, int] = {}  # tool call index -> its block's index
         self._json: dict[int, str] = {}  # block index -> a tool_use block's input so far
 
-    def note_prompt(self, chunk: pb.TokenChunk) -> None:
-        pass
+    def prompts_due(self) -> bool:
+        return False  # the prompt's ids come as the first chunk, through `events`
+
+    def note_prompt(self, chunk: pb.TokenChunk) -> bool:
+        return False
 
     def _ev(self, out: list[Event], kind: str, **fields: Any) -> None:
         out.append((kind.encode(), _dumps({"type": kind, **fields})))

@@ -15,25 +15,26 @@ from edge.api.pages import ORJSONResponse
 from edge.api.schema import Kind, decode_body, parse_chat, parse_completion
 from edge.api.sizes import check_sizes
 from edge.api.state import EdgeState
+from edge.api.tokens import tokenize_request
 from generated import sluice_pb2 as pb
 
 
 async def render(state: EdgeState, request: Request, kind: Kind) -> Response:
     cfg = state.config
     body = decode_body(await read_body(request, cfg.server.max_body_bytes))
-    req = parse_chat(body) if kind == "chat" else parse_completion(body)
+    chat = kind == "chat"
+    req = parse_chat(body, cfg.security.chat_roles) if chat else parse_completion(body)
     check_sizes(req, body, cfg.security)
-    if req.prompt_tokens is not None:  # already tokens: nothing to render
-        return ORJSONResponse([{"request_id": new_request_id(), "token_ids": req.prompt_tokens}])
-    tokenize = pb.TokenizeRequest(model=req.model)
-    if req.messages is not None:
-        tokenize.chat.CopyFrom(req.chat_input())
-    else:
-        tokenize.prompt = req.prompt or ""
     worker = state.workers().pick(req.model)
-    ids = await worker.tokenize(tokenize)
-    out = {"request_id": new_request_id(), "token_ids": ids}
-    return ORJSONResponse(out if kind == "chat" else [out])
+    if req.messages is not None:
+        ids = await worker.tokenize(tokenize_request(req))
+        return ORJSONResponse({"request_id": new_request_id(), "token_ids": ids})
+    out = []  # one per prompt of a batch, as vLLM's
+    for prompt in req.prompts():
+        if isinstance(prompt, str):
+            prompt = await worker.tokenize(pb.TokenizeRequest(model=req.model, prompt=prompt))
+        out.append({"request_id": new_request_id(), "token_ids": prompt})  # ids: as given
+    return ORJSONResponse(out)
 
 
 async def count_tokens(state: EdgeState, request: Request) -> Response:
@@ -42,7 +43,5 @@ async def count_tokens(state: EdgeState, request: Request) -> Response:
     body = decode_body(await read_body(request, cfg.server.max_body_bytes))
     req = parse_messages(body, count=True)
     check_sizes(req, body, cfg.security)
-    tokenize = pb.TokenizeRequest(model=req.model)
-    tokenize.chat.CopyFrom(req.chat_input())
-    ids = await state.workers().pick(req.model).tokenize(tokenize)
+    ids = await state.workers().pick(req.model).tokenize(tokenize_request(req))
     return ORJSONResponse({"input_tokens": len(ids)})

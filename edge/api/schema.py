@@ -4,11 +4,13 @@ worker's to check; its INVALID_ARGUMENT comes back with the OpenAI field name.""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from edge.api import constraints, fields, nesting
+from edge.api import constraints, fields, nesting, prompt_logprobs, prompts
 from edge.api.priority import check_tier
+from edge.api.prompts import Prompt
 from edge.api.templates import template_inputs
 from edge.errors import ApiError, invalid
 from generated import sluice_pb2 as pb
@@ -35,6 +37,7 @@ class GenRequest:
     messages: list[pb.ChatMessage] | None = None
     prompt: str | None = None
     prompt_tokens: list[int] | None = None  # a completions prompt given as token ids
+    batch: list[Prompt] | None = None  # completions: several prompts (the first above)
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -69,6 +72,18 @@ class GenRequest:
     echo_text: str = ""  # chat `echo`: the final message's content, put before the reply
     echo: dict[str, Any] = field(default_factory=dict)  # Responses API: fields it echoes
     return_token_ids: bool = False  # vLLM's: prompt and output token ids in the answer
+    return_prompt_text: bool = False  # the prompt's text (after the template) in the answer
+    # vLLM's prompt logprobs: asked of the worker (top alternatives), shown in the answer
+    # (whole answers only: streamed chunks carry none, as vLLM's), completions `echo`.
+    prompt_logprobs: int | None = None
+    show_prompt_logprobs: bool = False
+    echo_prompt: bool = False
+
+    def prompts(self) -> list[Prompt]:
+        """A completions request's prompts: the batch's, or its one."""
+        if self.batch is not None:
+            return self.batch
+        return [(self.prompt or "") if self.prompt_tokens is None else self.prompt_tokens]
 
     def chat_input(self) -> pb.ChatInput:
         """The contract's ChatInput of a chat request (messages, tools, template inputs)."""
@@ -106,7 +121,7 @@ class GenRequest:
             logit_bias=self.logit_bias,
         )
         optional = ("max_tokens", "temperature", "top_p", "top_k", "seed", "repetition_penalty")
-        for name in (*optional, "logprobs"):
+        for name in (*optional, "logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None:
                 setattr(sp, name, value)
@@ -119,6 +134,7 @@ class GenRequest:
             structured_output=self.structured,
             stream_usage=self.continuous_usage,
             return_prompt_tokens=self.return_token_ids,
+            return_prompt_text=self.return_prompt_text,
         )
         if self.messages is not None:
             start.chat.CopyFrom(self.chat_input())
@@ -271,7 +287,7 @@ def _content(msg: dict[str, Any], i: int) -> str:
     return "\n".join(texts)
 
 
-def _messages(body: dict[str, Any]) -> list[pb.ChatMessage]:
+def _messages(body: dict[str, Any], roles: frozenset[str]) -> list[pb.ChatMessage]:
     messages = body.get("messages")
     if messages is None:
         raise invalid("messages", "'messages' is required")
@@ -282,8 +298,8 @@ def _messages(body: dict[str, Any]) -> list[pb.ChatMessage]:
         if not isinstance(msg, dict):
             raise invalid(f"messages[{i}]", "each message must be an object")
         role = msg.get("role")
-        if not isinstance(role, str) or role not in ROLES:
-            raise invalid(f"messages[{i}].role", f"role must be one of {sorted(ROLES)}")
+        if not isinstance(role, str) or role not in roles:
+            raise invalid(f"messages[{i}].role", f"role must be one of {sorted(roles)}")
         m = pb.ChatMessage(role=role, content=_content(msg, i))
         if role == "assistant":
             m.tool_calls.extend(constraints.tool_calls(msg, i))
@@ -299,10 +315,12 @@ def _messages(body: dict[str, Any]) -> list[pb.ChatMessage]:
     return out
 
 
-def parse_chat(body: dict[str, Any]) -> GenRequest:
-    """A /v1/chat/completions body -> GenRequest, or a 400."""
+def parse_chat(body: dict[str, Any], roles: Collection[str] = ()) -> GenRequest:
+    """A /v1/chat/completions body -> GenRequest, or a 400. `roles`: those the workers'
+    chat template defines beyond OpenAI's (`--chat-role`)."""
     fields.check("chat", body)
-    req = GenRequest(kind="chat", messages=_messages(body))
+    known = ROLES.union(roles) if roles else ROLES
+    req = GenRequest(kind="chat", messages=_messages(body, known))
     common(body, req)
     req.tools = constraints.tools(body)
     req.tool_choice = constraints.tool_choice(body.get("tool_choice"), bool(req.tools))
@@ -316,55 +334,29 @@ def parse_chat(body: dict[str, Any]) -> GenRequest:
     if top is not None and not logprobs:
         raise invalid("top_logprobs", "'top_logprobs' needs 'logprobs' set to true")
     req.logprobs = (top or 0) if logprobs else None
+    prompt_logprobs.ask(body, req, (top or 0) if _bool(body, "echo") else None)
+    req.return_prompt_text = bool(_bool(body, "return_prompt_text"))
     return req
-
-
-def _is_token_id(v: Any) -> bool:
-    return type(v) is int and 0 <= v <= UINT32_MAX
-
-
-def _prompt(body: dict[str, Any]) -> str | list[int]:
-    """The prompt: a string, or token ids; OpenAI's one-element batch forms (`["text"]`,
-    `[[1, 2]]`) are the same. A batch of several is refused by name (not yet served)."""
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
-    if prompt is None:
-        raise invalid("prompt", "'prompt' is required")
-    if isinstance(prompt, list):
-        if prompt and all(_is_token_id(v) for v in prompt):
-            return prompt
-        if prompt and all(isinstance(v, (str, list)) for v in prompt):
-            raise invalid(
-                "prompt",
-                f"'prompt' is a batch of {len(prompt)} prompts: send one prompt per request "
-                "(batches are not served yet)",
-            )
-        raise invalid(
-            "prompt",
-            "'prompt' must be a string or a non-empty list of token ids (integers from 0 "
-            f"to {UINT32_MAX})",
-        )
-    if not isinstance(prompt, str):
-        raise invalid("prompt", "'prompt' must be a string or a list of token ids")
-    if not prompt:
-        raise invalid("prompt", "'prompt' must not be empty")
-    return prompt
 
 
 def parse_completion(body: dict[str, Any]) -> GenRequest:
     """A /v1/completions body -> GenRequest, or a 400."""
     fields.check("completion", body)
-    prompt = _prompt(body)
-    req = GenRequest(kind="completion")
-    if isinstance(prompt, str):
-        req.prompt = prompt
+    batch = prompts.read(body)
+    req = GenRequest(kind="completion", batch=batch if len(batch) > 1 else None)
+    if isinstance(batch[0], str):
+        req.prompt = batch[0]
     else:
-        req.prompt_tokens = prompt
+        req.prompt_tokens = batch[0]
     common(body, req)
     max_tokens = _int(body, "max_tokens", 1, UINT32_MAX)
     req.max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
     req.logprobs = _int(body, "logprobs", 0, MAX_TOP_LOGPROBS)
+    req.echo_prompt = bool(_bool(body, "echo"))
+    if req.echo_prompt and not all(isinstance(p, str) for p in batch):
+        raise invalid("echo", "'echo' needs a text prompt (the edge cannot decode token ids)")
+    echoed = req.echo_prompt and req.logprobs is not None  # the prompt's tokens first
+    prompt_logprobs.ask(body, req, req.logprobs if req.echo_prompt else None, echoed)
     return req
 
 
@@ -390,9 +382,17 @@ UNBOUNDED_RESERVE = 1024
 
 def most_tokens(req: GenRequest) -> int:
     """What a generation may cost at most, for a tokens-per-minute reservation: its
-    max_tokens for each choice plus its prompt (about 4 characters a token)."""
+    max_tokens for each choice plus its prompt (about 4 characters a token); a batch's
+    for each prompt."""
     if req.messages is not None:
         chars = sum(len(m.content) for m in req.messages)
     else:
-        chars = len(req.prompt or "") + 4 * len(req.prompt_tokens or ())
-    return (req.max_tokens or UNBOUNDED_RESERVE) * max(1, req.n) + chars // 4 + 1
+        chars = prompt_chars(req)
+    choices = max(1, req.n) * (len(req.batch) if req.batch else 1)
+    return (req.max_tokens or UNBOUNDED_RESERVE) * choices + chars // 4 + 1
+
+
+def prompt_chars(req: GenRequest) -> int:
+    """A completions request's prompt size in characters (token ids count 4 each), its
+    batch's in all."""
+    return sum(len(p) if isinstance(p, str) else 4 * len(p) for p in req.prompts())

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from edge.api.schema import GenRequest
+from edge.api.schema import GenRequest, prompt_chars
 from edge.errors import ApiError
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ def _check_prompt(req: GenRequest, max_chars: int) -> None:
     if req.messages is not None:
         size, param = sum(len(m.content) for m in req.messages), "messages"
     else:  # token ids count about 4 characters each
-        size, param = len(req.prompt or "") + 4 * len(req.prompt_tokens or ()), "prompt"
+        size, param = prompt_chars(req), "prompt"
     if size > max_chars:
         raise ApiError(
             400,

@@ -1,7 +1,8 @@
 """The worker within one pool (`Placement`): a keyed request goes to its rendezvous worker,
-a keyless one by the pool's policy (`session`, `least_load`, `random`, `cache_aware`).
-A `cache_aware` pool credits the chosen worker with the prompt's blocks, keyed requests
-too, so keyless ones sharing their prefix find it."""
+a keyless one by the pool's policy (`session`, `least_load`, `random`, `cache_aware`,
+`kv_aware`). `cache_aware` credits the chosen worker with the prompt's blocks (keyed
+requests too); `kv_aware` reads what caches hold from their events (`kvaware.py`), and
+without token ids or live events places as `cache_aware` does."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Sequence
 
 from edge.config import RoutingConfig
 from edge.obs.prom import Exposition, labels
+from edge.routing import kvaware
 from edge.routing.prefix import CHARS_PER_TOKEN, INDEX_HEADROOM, PrefixIndex, Prompt
 from edge.routing.scores import CacheAware, cache_aware, hrw, least_loaded, two_choices
 from edge.upstream.worker import Worker
@@ -39,6 +41,13 @@ class Placement:
     def choose(self, workers: Sequence[Worker], key: str, prompt: Prompt | None) -> Worker:
         """The worker for a new generation among `workers` (candidates, not empty)."""
         policy = self.policy
+        if policy == "kv_aware":  # the registry follows its workers' events
+            if prompt is None:  # not a generation's pick (Tokenize, render): by load
+                return workers[least_loaded([w.load for w in workers], self._rng)]
+            ids = prompt.token_ids
+            if not key and ids is not None and kvaware.usable([w.cache for w in workers]):
+                return self._kv_aware(workers, ids)
+            policy = "cache_aware"
         blocks: list[int] = []
         if policy == "cache_aware" and prompt is not None:
             blocks = prompt.blocks(self.opts.prefix_block_chars)
@@ -59,6 +68,18 @@ class Placement:
         if blocks:
             self.index.add(blocks, worker.key, worker.epoch, self.capacity(worker))
         return worker
+
+    def _kv_aware(self, workers: Sequence[Worker], ids: Sequence[int]) -> Worker:
+        """The best score on the workers' held prefixes (module docstring)."""
+        feeds = [w.cache for w in workers]
+        loads = [w.load for w in workers]
+        first = kvaware.usable(feeds)
+        total = len(ids) // first.block_size if first is not None else 0
+        decided = kvaware.lone_holder(loads, total, self._params.load_weight)
+        hits = kvaware.held_prefix(ids, feeds, decided)
+        i, reason = cache_aware(hits, total, loads, self._params, self._rng)
+        self.decisions[f"kv_{reason}"] = self.decisions.get(f"kv_{reason}", 0) + 1
+        return workers[i]
 
     def capacity(self, worker: Worker) -> int:
         """Blocks the index holds for `worker`: about its KV cache in characters, when known
@@ -93,9 +114,16 @@ def expose(
         [(lbl, w.reported.prefix_cache_hit_rate) for lbl, w in lbls if w.reported is not None],
     )
     out.family(
+        "sluice_edge_worker_kv_blocks",
+        "gauge",
+        "Prefix-cache blocks a worker holds as its KV-cache events told this edge (kv_aware).",
+        [(lbl, len(w.cache.held)) for lbl, w in lbls if w.cache.layout is not None],
+    )
+    out.family(
         "sluice_edge_pool_cache_aware_decisions_total",
         "counter",
-        "cache_aware picks by reason: cache (a hit decided), load, balance (the threshold).",
+        "cache_aware picks by reason: cache (a hit decided), load, balance (the threshold); "
+        "kv_aware's prefixed kv_.",
         [
             (labels(pool=name, reason=reason), n)
             for name, p in pools

@@ -37,13 +37,17 @@ class Prompt:
     cost; behind a shared system prompt longer than that, conversations go by load.
     """
 
-    __slots__ = ("_blocks", "_size", "messages", "prompt")
+    __slots__ = ("_blocks", "_size", "messages", "prompt", "token_ids")
 
     def __init__(
-        self, messages: Sequence[tuple[str, str]] | None = None, prompt: str | None = None
+        self,
+        messages: Sequence[tuple[str, str]] | None = None,
+        prompt: str | None = None,
+        token_ids: Sequence[int] | None = None,
     ) -> None:
         self.messages = messages
         self.prompt = prompt
+        self.token_ids = token_ids  # the engine's tokens, when known (`kv_aware`)
         self._blocks: list[int] | None = None
         self._size = 0
 

@@ -79,8 +79,15 @@ class PoolRegistry:
 
     def start(self) -> None:
         self._started = True
-        for w in self.workers:
-            w.start()
+        for pool in self.pools.values():
+            for w in pool.workers.values():
+                self._start(pool, w)
+
+    @staticmethod
+    def _start(pool: Pool, worker: Worker) -> None:
+        worker.start()
+        if pool.placement.policy == "kv_aware":  # its events from the start, not the first pick
+            worker.follow_cache()
 
     async def close(self) -> None:
         for task in list(self._tasks):
@@ -100,6 +107,10 @@ class PoolRegistry:
     def workers(self) -> list[Worker]:
         """Every worker in a pool (removed ones that still finish calls are not listed)."""
         return [w for p in self.pools.values() for w in p.workers.values()]
+
+    def routes_on_tokens(self) -> bool:
+        """Some pool places by the prompt's token ids (`kv_aware`): worth tokenizing first."""
+        return any(p.placement.policy == "kv_aware" for p in self.pools.values())
 
     def ready(self) -> bool:
         """At least one worker reports SERVING."""
@@ -319,7 +330,7 @@ class PoolRegistry:
         worker = Worker(address, pool.name, self._channels, self.options)
         pool.workers[address] = worker
         if self._started:
-            worker.start()
+            self._start(pool, worker)
         return worker
 
     # -- views ------------------------------------------------------------------------------

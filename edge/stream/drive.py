@@ -24,7 +24,19 @@ def send_now(
         waiting = coro.send(None)
     except StopIteration:
         return None
-    return asyncio.ensure_future(_Rest(coro, waiting).run())
+    rest = asyncio.ensure_future(_Rest(coro, waiting).run())
+    rest.add_done_callback(lambda f: _abandon(f, coro, waiting))
+    return rest
+
+
+def _abandon(rest: asyncio.Future[None], coro: Coroutine[Any, Any, None], waiting: Any) -> None:
+    """If the rest was cancelled, maybe before it ran: end the send where it waits, as a
+    task's cancel would have (a no-op if the rest already did)."""
+    if not rest.cancelled():
+        return
+    if isinstance(waiting, asyncio.Future):
+        waiting.cancel()
+    coro.close()
 
 
 class _Rest:

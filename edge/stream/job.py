@@ -33,12 +33,15 @@ class Format(Protocol):
     # format's events depend on all that came before), instead of from the event's message.
     replay_from_start: bool
 
-    @property
-    def prompt_first(self) -> bool:
-        """Read the worker's first message (the prompt's token ids) before the opening."""
+    def prompts_due(self) -> bool:
+        """Read another of the prompts' messages (their token ids, logprobs) before the
+        opening."""
         ...
 
-    def note_prompt(self, chunk: pb.TokenChunk) -> None: ...
+    def note_prompt(self, chunk: pb.TokenChunk) -> bool:
+        """Keep what a prompt's message carries; False: `chunk` is no such message."""
+        ...
+
     def opening_events(self, seq: int) -> list[Event]: ...
     def delta(self, text: str, logprobs: list[dict[str, Any]] | None) -> bytes: ...
     def events(
@@ -91,3 +94,14 @@ def final_error(final: pb.Final) -> ApiError | None:
     if final.reason == pb.FINISH_REASON_CANCELLED:
         return from_status(grpc.StatusCode.CANCELLED, "the generation was cancelled")
     return from_status(grpc.StatusCode.UNKNOWN, "the generation failed")
+
+
+async def read_prompts(call: UpstreamCall, fmt: Format) -> pb.GenerateResponse | None:
+    """Read the prompts' messages the format's opening shows (`Format.prompts_due`); the
+    last message read (a prompt's, or whatever came instead), to be handled as usual."""
+    msg = None
+    while fmt.prompts_due():
+        msg = await call.read()
+        if not (msg.HasField("chunk") and fmt.note_prompt(msg.chunk)):
+            break
+    return msg

@@ -36,7 +36,7 @@ from edge.obs.record import RequestRecord, record_of
 from edge.stream import sse
 from edge.stream.drive import send_now
 from edge.stream.framing import Framer
-from edge.stream.job import Job, final_error
+from edge.stream.job import Job, final_error, read_prompts
 from generated import sluice_pb2 as pb
 
 log = logging.getLogger("sluice.edge")
@@ -150,10 +150,8 @@ class GenerationResponse:
         first: pb.GenerateResponse | None = None
         if not await call.admitted():
             first = await call.read()  # raises the refusal; or a generation over already
-        elif self.fmt.prompt_first and self.job.resume is None:
-            first = await call.read()
-            if first.WhichOneof("kind") == "chunk":
-                self.fmt.note_prompt(first.chunk)
+        elif self.job.resume is None:  # the prompts' messages, when the opening shows them
+            first = await read_prompts(call, self.fmt)
         await self._commit(send)
         while True:
             # Parked in read, the call hands chunks to `take` from its reader's task.

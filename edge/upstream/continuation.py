@@ -98,6 +98,8 @@ def continuation_start(
     else:
         start.prompt = original.prompt + text
     sp = start.sampling
+    start.return_prompt_tokens = start.return_prompt_text = False  # sent before any token
+    sp.ClearField("prompt_logprobs")
     if sp.HasField("max_tokens"):
         sp.max_tokens = max(0, sp.max_tokens - tokens)
     sp.min_tokens = max(0, sp.min_tokens - tokens)

@@ -1,7 +1,8 @@
 """A worker as the edge sees it: one shared `grpc.aio` channel, its health `Watch`, its load
 pushes (`WatchLoad`) plus this edge's calls since (`load`), and passive failure marking
 (nginx's `max_fails`/`fail_timeout`, cleared when the Watch turns SERVING again). `epoch`
-counts the times it turned SERVING: a restarted worker has lost its prefix cache."""
+counts the times it turned SERVING: a restarted worker has lost its prefix cache. `cache`
+follows its prefix cache's events for `kv_aware` pools (`cachefeed.py`)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from edge.config import RoutingConfig
 from edge.errors import ApiError, from_rpc_error
+from edge.upstream.cachefeed import CacheFeed
 from edge.upstream.channel import ChannelFactory
 from edge.upstream.session import SessionPool
 from generated import sluice_pb2 as pb
@@ -104,6 +106,7 @@ class Worker:
         self._serving = asyncio.Event()
         self._load_interval = opts.load_interval_s
         self._tasks: list[asyncio.Task[None]] = []
+        self.cache = CacheFeed(self.key, self.stub, opts.kv_index_blocks)
 
     # -- state ------------------------------------------------------------------------
 
@@ -205,6 +208,10 @@ class Worker:
         if self._load_interval > 0:
             self._tasks.append(asyncio.create_task(self._watch_load(), name=f"load {self.address}"))
 
+    def follow_cache(self) -> None:
+        """Follow the worker's prefix-cache events from now on (a `kv_aware` pool's)."""
+        self.cache.follow(lambda: self._serving)
+
     async def close(self) -> None:
         self.closed = True
         if self._relisting is not None:
@@ -212,6 +219,7 @@ class Worker:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.cache.close()
         await self.sessions.close()
         await self.channel.close(grace=None)
 
@@ -315,6 +323,7 @@ class Worker:
             "out_for_s": round(max(0.0, self.passive.down_until - t), 3),
             "model": self.model_id(),
             "version": self.version(),
+            "kv_cache": self.cache.describe(),
         }
 
 

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Protocol
 
 from model_service.config import EngineConfig
+from model_service.engines.events import CacheLog
 from model_service.errors import FailedPrecondition
 from model_service.types import (
     Adapter,
@@ -55,6 +56,9 @@ class Engine(abc.ABC):
     """
 
     name: str = ""
+    # The blocks its prefix cache holds, from its own events (`WatchCache`); None: it
+    # publishes none. Set by `start()` at the latest.
+    cache_log: CacheLog | None = None
     serves_adapters = False  # LoRA adapters (`load_adapter`); the worker refuses --max-loras else
 
     def __init__(self, config: EngineConfig) -> None:
@@ -91,6 +95,11 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def stats(self) -> EngineStats:
         """Current load, taken from the engine itself."""
+
+    async def prompt_text(self, request: GenerationRequest) -> str:
+        """The request's prompt as text, as the engine gets it (chat template applied; a
+        prompt given as ids decoded). The default: a raw prompt as it is, else none."""
+        return request.prompt or ""
 
     async def load_adapter(self, adapter: Adapter) -> None:
         """Load a LoRA adapter the worker's registry accepted (`intake/adapters.py`);

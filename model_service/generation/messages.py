@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from generated import sluice_pb2 as pb
 from model_service.errors import SluiceError
-from model_service.types import EngineOutput, FinishReason, ToolCallDelta
+from model_service.types import EngineOutput, FinishReason, TokenLogprob, ToolCallDelta, TopLogprob
 
 FINISH_TO_PB = {
     FinishReason.STOP: pb.FINISH_REASON_STOP,
@@ -37,18 +37,37 @@ def chunk_to_pb(
             for c in calls
         )
     if out.logprobs:
-        chunk.logprobs.extend(
-            pb.TokenLogprob(
-                token_id=lp.token_id,
-                logprob=lp.logprob,
-                text=lp.text,
-                top=[
-                    pb.TopLogprob(token_id=t.token_id, text=t.text, logprob=t.logprob)
-                    for t in lp.top
-                ],
-            )
-            for lp in out.logprobs
+        chunk.logprobs.extend(logprobs_to_pb(out.logprobs))
+    return msg
+
+
+def logprobs_to_pb(entries: list[TokenLogprob]) -> list[pb.TokenLogprob]:
+    return [
+        pb.TokenLogprob(
+            token_id=lp.token_id,
+            logprob=lp.logprob,
+            text=lp.text,
+            rank=lp.rank,
+            top=[_top(t) for t in lp.top],
         )
+        for lp in entries
+    ]
+
+
+def _top(t: TopLogprob) -> pb.TopLogprob:
+    return pb.TopLogprob(token_id=t.token_id, text=t.text, logprob=t.logprob)
+
+
+def prompt_to_pb(
+    request_id: str, index: int, ids: list[int] | None, logprobs: list[TokenLogprob] | None
+) -> pb.GenerateResponse:
+    """The prompt's own message: its token ids and/or log-probabilities (as asked)."""
+    msg = pb.GenerateResponse(request_id=request_id, index=index)
+    msg.chunk.SetInParent()
+    if ids is not None:
+        msg.chunk.prompt_token_ids.extend(ids)
+    if logprobs is not None:
+        msg.chunk.prompt_logprobs.extend(logprobs_to_pb(logprobs))
     return msg
 
 

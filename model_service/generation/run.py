@@ -16,7 +16,13 @@ from model_service.generation.log import ReplayLog
 from model_service.generation.runtime import Runtime
 from model_service.intake import tools
 from model_service.intake.admission import Ticket
-from model_service.types import EngineOutput, FinishReason, GenerationRequest, ToolCallDelta
+from model_service.types import (
+    EngineOutput,
+    FinishReason,
+    GenerationRequest,
+    TokenLogprob,
+    ToolCallDelta,
+)
 
 log = logging.getLogger("sluice.worker")
 
@@ -33,8 +39,8 @@ class Generation:
     __slots__ = (
         "_cached_tokens", "_cancel_reason", "_choice_tokens", "_completion_tokens",
         "_detach_timer", "_ends", "_first_token_at", "_last_token_at", "_listeners", "_plain",
-        "_prompt_tokens", "_rt", "_scheduled_at", "_started", "_timing", "_tokens_at_detach",
-        "_waiters",
+        "_prompt_due", "_prompt_tokens", "_rt", "_scheduled_at", "_started", "_timing",
+        "_tokens_at_detach", "_waiters",
         "arrived", "detach_grace_s", "ended", "engine_id", "error", "log", "loop", "parsers",
         "reason", "reasoners", "request", "request_id", "stamp", "subscribers", "task", "ticket",
         "timeout_s", "trace_id",
@@ -88,6 +94,8 @@ class Generation:
         self.reasoners: list[Reasoner | None] | None = None
         self.ticket: Ticket | None = None  # its place in the worker's admission
         self._plain = True  # chunks need only text and ids (set as the run starts)
+        # The prompt's message waits for the engine's first output (its logprobs).
+        self._prompt_due = request.sampling.prompt_logprobs is not None
 
     @property
     def index(self) -> int:
@@ -191,6 +199,16 @@ class Generation:
         self.log.add(msg)
         self._wake()
 
+    def _append_prompt(self, logprobs: list[TokenLogprob] | None) -> None:
+        """The prompt's message (its ids, its logprobs, as asked), serialized at once so
+        that no token merges into it."""
+        req = self.request
+        ids = req.prompt_token_ids if req.return_prompt_tokens else None
+        msg = messages.prompt_to_pb(self.request_id, len(self.log), ids, logprobs)
+        msg.chunk.prompt_text = req.prompt_text or ""
+        self._append(msg)
+        self.log.take(len(self.log) - 1)
+
     def _append_tokens(self, out: EngineOutput) -> None:
         """A token delta, merged into the newest chunk while nobody has taken it, else a
         new chunk. A merge wakes nobody: no consumer waits on an entry it has not taken."""
@@ -258,12 +276,9 @@ class Generation:
         """Drive the engine to the end; every outcome ends the log with a final message."""
         self._started = True
         try:
-            ids = self.request.prompt_token_ids
-            if self.request.return_prompt_tokens and ids is not None:
-                msg = pb.GenerateResponse(request_id=self.request_id, index=len(self.log))
-                msg.chunk.prompt_token_ids.extend(ids)
-                self._append(msg)
-                self.log.take(len(self.log) - 1)  # serialized now: no token merges into it
+            req = self.request
+            if (req.return_prompt_tokens or req.prompt_text is not None) and not self._prompt_due:
+                self._append_prompt(None)
             reason, stop = await self._drive()
             self._final(reason, stop=stop)
         except SluiceError as err:
@@ -355,6 +370,9 @@ class Generation:
         finished = False
         try:
             async for out in outputs:
+                if self._prompt_due and c == 0:
+                    self._prompt_due = False
+                    self._append_prompt(out.prompt_logprobs or [])
                 if out.scheduled_at is not None:
                     self._scheduled_at = out.scheduled_at
                 self._prompt_tokens = out.prompt_tokens or self._prompt_tokens

@@ -40,6 +40,7 @@ def sampling_from_pb(sp: pb.SamplingParams) -> SamplingParams:
         min_p=sp.min_p,
         stop_token_ids=tuple(sp.stop_token_ids),
         logit_bias=tuple(sorted(sp.logit_bias.items())),
+        prompt_logprobs=sp.prompt_logprobs if sp.HasField("prompt_logprobs") else None,
     )
 
 
@@ -126,6 +127,7 @@ def request_from_pb(start: pb.StartGeneration) -> GenerationRequest:
         timeout_s=start.timeout_ms / 1000 if start.timeout_ms else None,
         stream_usage=start.stream_usage,
         return_prompt_tokens=start.return_prompt_tokens,
+        prompt_text="" if start.return_prompt_text else None,
         tenant=start.tenant,
     )
     if start.priority:

@@ -15,6 +15,7 @@ MAX_N = 16
 MAX_TOOLS = 128
 MAX_STOP_TOKEN_IDS = 64
 MAX_LOGIT_BIAS = 300
+MAX_LOGPROBS = 20  # top alternatives per token, generated or prompt (vLLM's max_logprobs)
 MAX_CHOICES = 1024
 MAX_DOCUMENTS = 128
 # apply_chat_template's own parameters: set through their request fields, never as
@@ -55,7 +56,7 @@ def _validate_input(req: GenerationRequest, model: ModelInfo, limits: LimitsConf
             raise InvalidArgument("chat.messages", f"more than {limits.max_messages} messages")
         size = 0
         for i, m in enumerate(req.messages):
-            if m.role not in ROLES:
+            if m.role not in ROLES and m.role not in limits.chat_roles:
                 raise InvalidArgument(
                     f"chat.messages[{i}].role",
                     f"unknown role {m.role[:32]!r}; use one of {sorted(ROLES)}",
@@ -144,8 +145,9 @@ def _validate_sampling(req: GenerationRequest, model: ModelInfo, limits: LimitsC
     for tid, bias in sp.logit_bias:
         if not math.isfinite(bias) or not -100 <= bias <= 100:
             raise InvalidArgument(f"sampling.logit_bias[{tid}]", "must be in [-100, 100]")
-    if sp.logprobs is not None and sp.logprobs > 20:
-        raise InvalidArgument("sampling.logprobs", "at most 20")
+    for name in ("logprobs", "prompt_logprobs"):
+        if (k := getattr(sp, name)) is not None and k > MAX_LOGPROBS:
+            raise InvalidArgument(f"sampling.{name}", f"at most {MAX_LOGPROBS}")
     if len(sp.stop) > limits.max_stop_strings:
         raise InvalidArgument("sampling.stop", f"at most {limits.max_stop_strings} stop strings")
     for i, s in enumerate(sp.stop):

@@ -16,6 +16,7 @@ from model_service.errors import SluiceError, Unavailable
 from model_service.intake import decode
 from model_service.intake.validation import validate_request
 from model_service.rpc import replies
+from model_service.rpc.cache import watch_cache
 from model_service.rpc.load import LoadReporter, intervals
 from model_service.rpc.session import SessionStream
 from model_service.rpc.status import abort_with
@@ -129,6 +130,12 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         async for msg in self.load.watch(min_s, max_s):
             await context.write(msg)
 
+    async def WatchCache(
+        self, request: pb.WatchCacheRequest, context: grpc.aio.ServicerContext
+    ) -> None:
+        await self._require_ready(context)
+        await watch_cache(self.core.engine.cache_log, context)
+
     async def _require_ready(self, context: grpc.aio.ServicerContext) -> None:
         if not self.core.ready:
             await abort_with(context, Unavailable("engine is not ready yet"))
@@ -181,6 +188,11 @@ def method_handlers(servicer: GenerationServicer) -> dict[str, grpc.RpcMethodHan
             servicer.WatchLoad,
             request_deserializer=pb.WatchLoadRequest.FromString,
             response_serializer=pb.WorkerLoad.SerializeToString,
+        ),
+        "WatchCache": grpc.unary_stream_rpc_method_handler(
+            servicer.WatchCache,
+            request_deserializer=pb.WatchCacheRequest.FromString,
+            response_serializer=pb.CacheEvents.SerializeToString,
         ),
     }
 

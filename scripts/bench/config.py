@@ -31,7 +31,10 @@ DEFAULT_ADDRESS = "127.0.0.1:50051"
 # grpc: the worker directly; sse: through the edge; router: through vllm-router -> edge.
 OVERHEAD_TARGETS = ("grpc", "sse", "router")
 # routing mode (scripts/bench/routing.py): our edge's policies and vllm-router's cache_aware.
-ROUTING_TARGETS = ("cache_aware", "session", "session-key", "least_load", "random", "router")
+ROUTING_TARGETS = (
+    "cache_aware", "kv_aware", "session", "session-key", "least_load", "random", "router",
+    "cache_aware-x2", "kv_aware-x2",
+)  # fmt: skip
 
 
 def names_of(allowed: tuple[str, ...]) -> Any:

@@ -6,9 +6,10 @@ uncached prompt tokens, one prefill at a time per worker), and in front of them 
 
 | target | in front of the workers |
 | --- | --- |
-| `cache_aware`, `least_load`, `random`, `session` | one edge, `--routing-policy` that |
+| `cache_aware`, `kv_aware`, `least_load`, `random`, `session` | one edge, `--routing-policy` that |
 | `session-key` | the same as `session`, each conversation sent as `user` (affinity) |
 | `router` | vllm-router `--policy cache_aware` over one edge per worker (the peer) |
+| `cache_aware-x2`, `kv_aware-x2` | two edges with that policy behind vllm-router `round_robin` |
 
 `session` is the edge's policy before this mode existed: without a key, the less loaded
 of two random workers. The workload is normally `--workload multiturn`.
@@ -17,8 +18,8 @@ Per run, besides the usual summary: the client-side prefix-cache hit rate (cache
 tokens from `usage`), each worker's share of the requests (`GetStats.finished_total`
 before and after the measured window) with the busiest worker's over the mean, and for
 our `cache_aware` the edge's decisions by reason over the window (`/admin/pools`).
-`routing` in the result holds medians over rounds per target and the goals of issue 15
-(`cache_aware` vs `random` and vs `router`).
+`routing` in the result holds medians over rounds per target and the goals of issues 15
+and 27 (`cache_aware` and `kv_aware` vs `random` and vs `router`).
 """
 
 from __future__ import annotations
@@ -43,11 +44,14 @@ from scripts.bench.progress import Progress
 from scripts.bench.stacks import Proc, start_edge, start_sim_worker, start_vllm_router
 from scripts.bench.stats import median, summarize
 
-TARGETS = ("cache_aware", "session", "session-key", "least_load", "random", "router")
+TARGETS = ("cache_aware", "kv_aware", "session", "session-key", "least_load", "random", "router",
+           "cache_aware-x2", "kv_aware-x2")  # fmt: skip
+REPLICAS = 2  # edges behind vllm-router round_robin in the `-x2` targets
 ADMIN_KEY = "routing-bench-admin-key"  # the edges' admin API: their decisions by reason
 HIT_OVER_RANDOM_GOAL = 1.5
 TTFT_OVER_RANDOM_GOAL = 0.7
 MAX_OVER_MEAN_GOAL = 1.5
+REPLICA_GOAL = 0.95  # two edge replicas' hit rate over one edge's: no worse, within noise
 
 
 @dataclass
@@ -76,7 +80,17 @@ def start_stack(cfg: BenchConfig, target: str) -> _Stack:
         for i, w in enumerate(workers):
             w.name = f"sim-worker-{i}"
         procs.extend(workers)
-        if target == "router":
+        if target.endswith("-x2"):
+            policy = target.removesuffix("-x2")
+            args = ["--routing-policy", policy, *o.edge_args]
+            addresses = [w.address for w in workers]
+            edges = _parallel([lambda: start_edge(addresses, args, name="edge")] * REPLICAS)
+            for i, e in enumerate(edges):
+                e.name = f"edge-{i}"
+            procs.extend(edges)
+            extra = ["--policy", "round_robin", *o.router_args]
+            procs.append(start_vllm_router([e.url for e in edges], extra))
+        elif target == "router":
             edges = _parallel(
                 [lambda w=w: start_edge(w.address, [*o.edge_args], name="edge") for w in workers]
             )
@@ -188,23 +202,28 @@ def analysis(runs: list[dict[str, Any]], shares: dict[str, dict], targets: tuple
         pairs = zip(by.get(a, []), by.get(b, []), strict=False)
         return median([get(x) / get(y) for x, y in pairs if get(x) is not None and get(y)])
 
-    ca = "cache_aware"
-    if ca in by and "random" in by:
-        out["cache_aware_over_random.hit_rate"] = h = ratio(ca, "random", "hit_rate")
-        out["cache_aware_over_random.ttft_p50"] = p = ratio(ca, "random", "ttft_p50_ms")
-        out[f"goal hit_rate >= {HIT_OVER_RANDOM_GOAL}x random"] = _goal(
-            h, HIT_OVER_RANDOM_GOAL, ">="
-        )
-        out[f"goal ttft_p50 <= {TTFT_OVER_RANDOM_GOAL}x random"] = _goal(
-            p, TTFT_OVER_RANDOM_GOAL, "<="
-        )
-    if ca in by and "router" in by:
-        for name, op in (("hit_rate", ">="), ("ttft_p50_ms", "<="), ("ttft_p99_ms", "<=")):
-            value = ratio(ca, "router", name)
-            out[f"cache_aware_over_router.{name}"] = value
-            out[f"goal {name} {op} vllm-router's"] = _goal(value, 1.0, op)
-    if ca in by:
-        out[f"goal max worker load <= {MAX_OVER_MEAN_GOAL}x mean"] = _goal(
+    for ca in ("cache_aware", "kv_aware", "cache_aware-x2", "kv_aware-x2"):
+        if ca not in by:
+            continue
+        one = ca.removesuffix("-x2")
+        if ca != one and one in by:  # replicas: no worse than one edge (within noise)
+            out[f"{ca}_over_{one}.hit_rate"] = x = ratio(ca, one, "hit_rate")
+            out[f"goal {ca} hit_rate >= {REPLICA_GOAL}x one edge's"] = _goal(x, REPLICA_GOAL, ">=")
+        if "random" in by:
+            out[f"{ca}_over_random.hit_rate"] = h = ratio(ca, "random", "hit_rate")
+            out[f"{ca}_over_random.ttft_p50"] = p = ratio(ca, "random", "ttft_p50_ms")
+            out[f"goal {ca} hit_rate >= {HIT_OVER_RANDOM_GOAL}x random"] = _goal(
+                h, HIT_OVER_RANDOM_GOAL, ">="
+            )
+            out[f"goal {ca} ttft_p50 <= {TTFT_OVER_RANDOM_GOAL}x random"] = _goal(
+                p, TTFT_OVER_RANDOM_GOAL, "<="
+            )
+        if "router" in by:
+            for name, op in (("hit_rate", ">="), ("ttft_p50_ms", "<="), ("ttft_p99_ms", "<=")):
+                value = ratio(ca, "router", name)
+                out[f"{ca}_over_router.{name}"] = value
+                out[f"goal {ca} {name} {op} vllm-router's"] = _goal(value, 1.0, op)
+        out[f"goal {ca} max worker load <= {MAX_OVER_MEAN_GOAL}x mean"] = _goal(
             out[f"{ca}.max_over_mean_load"], MAX_OVER_MEAN_GOAL, "<="
         )
     return out

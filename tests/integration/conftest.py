@@ -1,10 +1,13 @@
 """The one real vLLM worker of a test session (SmolLM2-135M-Instruct): starting vLLM is
 the slow part (~35 s on 2 CPU cores), so the model test modules share it. Requested only
-by tests marked `model`."""
+by tests marked `model`. The worker also serves vLLM's own OpenAI server over its engine
+(`vllm_openai`), for side-by-side checks without a second engine."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +17,8 @@ from tests.procs import ROOT, Proc, start_worker
 
 MAX_MODEL_LEN = 1024
 MAX_NUM_SEQS = 32
+# Where the session worker writes the port of vLLM's own server (`vllm_openai`).
+VLLM_OPENAI_PORT = Path(tempfile.gettempdir()) / f"sluice-vllm-openai-port-{os.getpid()}"
 
 
 def _make_model() -> Path:
@@ -46,6 +51,12 @@ def vllm_worker() -> Iterator[Proc]:
         # Tool choice auto through vLLM's Hermes parser (`<tool_call>{...}</tool_call>`).
         "--tool-call-parser",
         "hermes",
+        # vLLM's own server over the same engine (test only; ~1 s at start-up).
+        "--vllm-openai-port-file",
+        str(VLLM_OPENAI_PORT),
+        # Its KV-cache events for kv_aware edges (WatchCache): a publisher thread in the
+        # engine core, one msgpack batch per step that changed the cache.
+        "--kv-events",
         # LoRA on (tests/integration/test_model_adapters.py loads adapters at run time).
         "--max-loras",
         "2",
@@ -55,3 +66,10 @@ def vllm_worker() -> Iterator[Proc]:
     )
     yield w
     w.terminate()
+    VLLM_OPENAI_PORT.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="session")
+def vllm_openai(vllm_worker: Proc) -> str:
+    """The base URL of vLLM's own OpenAI server over the session worker's engine."""
+    return f"http://127.0.0.1:{int(VLLM_OPENAI_PORT.read_text())}"

@@ -40,7 +40,7 @@ def test_routing_mode_compares_policies_on_conversations(tmp_path: Path) -> None
     assert sum(doc["worker_shares"]["cache_aware #1"]["decisions"].values()) == 40
     routing = doc["routing"]
     assert routing["cache_aware_over_random.hit_rate"] > 0
-    assert routing["goal max worker load <= 1.5x mean"] in ("met", "not met")
+    assert routing["goal cache_aware max worker load <= 1.5x mean"] in ("met", "not met")
     assert "| routing | value |" in (tmp_path / "routing.md").read_text()
 
 

@@ -425,6 +425,86 @@ def test_return_token_ids_are_the_engines(client: openai.OpenAI) -> None:
     assert streamed == ids
 
 
+def test_prompt_logprobs_and_echo_are_the_engines(client: openai.OpenAI) -> None:
+    """On SmolLM2, vLLM's layout: one entry per prompt token (null first), each keyed
+    by the prompt's own id first (its rank, its decoded text) then the top alternatives
+    ranked 1..k; completions `echo` with `logprobs` gives the prompt's tokens with the
+    same logprobs, then the same answer as without echo."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(_make_model()))
+    prompt = "The capital of France is"
+    ids = tok.encode(prompt)
+    kw: Any = dict(model="", prompt=prompt, max_tokens=4, temperature=0)
+    comp = client.completions.create(**kw, extra_body={"prompt_logprobs": 2})
+    lps = (comp.choices[0].model_extra or {})["prompt_logprobs"]
+    assert len(lps) == len(ids) and lps[0] is None
+    for pos, entry in zip(ids[1:], lps[1:], strict=True):
+        keys = list(entry)
+        assert keys[0] == str(pos)
+        assert entry[keys[0]]["decoded_token"] == tok.decode([pos])
+        ranks = [e["rank"] for e in entry.values()]
+        assert sorted(r for r in ranks if r <= 2) == [1, 2]
+        assert len(entry) == 2 + (ranks[0] > 2)
+        assert all(isinstance(e["logprob"], float) for e in entry.values())
+    echoed = client.completions.create(**kw, echo=True, logprobs=2)
+    plain = client.completions.create(**kw)
+    legacy = echoed.choices[0].logprobs
+    assert legacy is not None and legacy.tokens and legacy.token_logprobs
+    n = len(ids)
+    assert echoed.choices[0].text == prompt + plain.choices[0].text
+    assert legacy.tokens[:n] == [tok.decode([i]) for i in ids]
+    assert legacy.token_logprobs[:n] == [None] + [
+        e[str(i)]["logprob"] for i, e in zip(ids[1:], lps[1:], strict=True)
+    ]
+    assert len(legacy.tokens) == n + (plain.usage.completion_tokens if plain.usage else 0)
+    chat = client.chat.completions.create(
+        model="", messages=RIVER, max_tokens=2, extra_body={"prompt_logprobs": 0}
+    )
+    chat_lps = (chat.model_extra or {})["prompt_logprobs"]
+    assert chat.usage is not None and len(chat_lps) == chat.usage.prompt_tokens
+    assert all(len(e) == 1 and next(iter(e.values()))["rank"] >= 1 for e in chat_lps[1:])
+
+
+def test_responses_logprobs_and_messages_are_the_engines(client: openai.OpenAI) -> None:
+    """On SmolLM2: the Responses text part's logprobs are the chat API's for the same
+    greedy request (tokens, top-2 alternatives, values to 1e-3), and vLLM's
+    `enable_response_messages` gives transformers' rendering of the prompt (text and
+    ids) and the output's ids, which decode to its text."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(_make_model()))
+    chat = client.chat.completions.create(
+        model="", messages=RIVER, max_tokens=6, temperature=0, logprobs=True, top_logprobs=2
+    )
+    assert chat.choices[0].logprobs is not None and chat.choices[0].logprobs.content
+    want = [(e.token, [t.token for t in e.top_logprobs]) for e in chat.choices[0].logprobs.content]
+    resp = client.responses.create(
+        model="", input=RIVER, max_output_tokens=6, temperature=0,  # type: ignore[arg-type]
+        include=["message.output_text.logprobs"], top_logprobs=2,
+        extra_body={"enable_response_messages": True},
+    )  # fmt: skip
+    part = resp.output[0].content[0]  # type: ignore[union-attr]
+    got = [(e.token, [t.token for t in e.top_logprobs]) for e in part.logprobs or ()]  # type: ignore[union-attr]
+    assert got == want
+    diffs = [
+        abs(a.logprob - b.logprob)
+        for a, b in zip(part.logprobs or (), chat.choices[0].logprobs.content, strict=True)  # type: ignore[union-attr]
+    ]
+    assert max(diffs) < 1e-3
+    text = tok.apply_chat_template(RIVER, tokenize=False, add_generation_prompt=True)
+    extra = resp.model_extra or {}
+    assert extra["input_messages"] == [
+        {
+            "message": text,
+            "tokens": tok.encode(text, add_special_tokens=False),
+            "type": "raw_message_tokens",
+        }
+    ]
+    [out] = extra["output_messages"]
+    assert tok.decode(out["tokens"], skip_special_tokens=True) == out["message"] == resp.output_text
+
+
 HOSTILE_TEMPLATE_INPUTS: dict[str, dict[str, Any]] = {
     "template variables nested 60 deep": {
         "chat_template_kwargs": {"x": json.loads("[" * 60 + "]" * 60)}

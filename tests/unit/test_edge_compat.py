@@ -156,15 +156,15 @@ def test_completion_prompt_forms_reach_the_contract(prompt: Any, text: Any, ids:
 @pytest.mark.parametrize(
     ("prompt", "says"),
     [
-        (["a", "b"], "batch of 2 prompts"),
-        ([[1], [2], [3]], "batch of 3 prompts"),
+        (["a"] * 65, "batch of 65 prompts, more than 64"),
+        (["a", [1]], "a list of strings or a list of token-id lists"),
         ([], "non-empty list of token ids"),
         ([1, -2], "non-empty list of token ids"),
         ([1, 2**32], "non-empty list of token ids"),
         ([1, True], "non-empty list of token ids"),
         ([1.0], "non-empty list of token ids"),
         ([[]], "non-empty list of token ids"),
-        (5, "a string or a list of token ids"),
+        (5, "must be a string, a non-empty list of token ids"),
         ("", "must not be empty"),
     ],
 )

@@ -666,7 +666,9 @@ async def test_a_whole_response_is_one_json_body() -> None:
             }
         ],
         "usage": orjson.loads(USAGE),
+        "prompt_logprobs": None,
         "prompt_token_ids": None,
+        "prompt_text": None,
     }
     assert [m["type"] for m in client.sent] == ["http.response.start", "http.response.body"]
     finished_cleanly(client, call, j)

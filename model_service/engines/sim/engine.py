@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from model_service.engines import reasoning
 from model_service.engines.base import Engine, Reasoner
+from model_service.engines.events import CacheLog, Layout
 from model_service.engines.sim.cache import PrefixCache
 from model_service.engines.sim.faults import Faults
 from model_service.engines.sim.structured import pieces, structured_text
@@ -24,10 +25,13 @@ from model_service.engines.sim.text import (
     SimTokenizer,
     chat_template,
     find_stop,
+    prompt_logprobs,
     script_pieces,
+    token_logprob,
     tokenize,
     with_calls,
     word_id,
+    words,
 )
 from model_service.errors import EngineError
 from model_service.types import (
@@ -37,7 +41,9 @@ from model_service.types import (
     FinishReason,
     GenerationRequest,
     ModelInfo,
+    TokenLogprob,
 )
+from sluice_common import blocks as block_names
 
 
 @dataclass(eq=False, slots=True)
@@ -50,6 +56,8 @@ class _SimRequest:
     running: bool = False
     scheduled_at: float | None = None
     cached: int = 0  # prompt tokens served from the prefix cache
+    prompt_logprobs: list[TokenLogprob] | None = None  # asked for: on the first output
+    logprobs: list[TokenLogprob] | None = None  # the next token's, when asked for
 
 
 class SimEngine(Engine):
@@ -71,7 +79,13 @@ class SimEngine(Engine):
         self._step_timer: asyncio.TimerHandle | None = None
         self._step_at = 0.0  # when the last decode step was due (loop clock)
         self._faults = Faults(self._opts.fault_file) if self._opts.fault_file else None
-        self._cache = PrefixCache(self._opts.block_tokens) if self._opts.prefix_cache else None
+        self._cache: PrefixCache | None = None
+        if self._opts.prefix_cache:
+            b = self._opts.block_tokens
+            layout = Layout(b, block_names.ALGO, block_names.seed_hash(block_names.DEFAULT_SEED),
+                            self._opts.kv_cache_tokens // b)  # fmt: skip
+            self.cache_log = CacheLog(layout)
+            self._cache = PrefixCache(b, self.cache_log)
         self._prefill_free_at = 0.0  # when the one prefill lane is free (loop clock)
         self._reasoning: object = None  # the reasoning parser's class, if one is named
         self._info = ModelInfo(
@@ -112,6 +126,18 @@ class SimEngine(Engine):
                 pairs.insert(0, ("tools", " ".join(t.name for t in request.tools)))
             return chat_template(tuple(pairs), request.add_generation_prompt)
         return request.prompt or ""
+
+    async def prompt_text(self, request: GenerationRequest) -> str:
+        return self._prompt_text(request)
+
+    def _prompt_logprobs(
+        self, request: GenerationRequest, ids: list[int]
+    ) -> list[TokenLogprob] | None:
+        k = request.sampling.prompt_logprobs
+        if k is None:
+            return None
+        given = request.prompt is not None or request.messages is not None
+        return prompt_logprobs(ids, words(self._prompt_text(request)) if given else None, k)
 
     def reasoner(self) -> Reasoner | None:
         if self._reasoning is None:
@@ -276,6 +302,7 @@ class SimEngine(Engine):
             holdback = max((len(s) for s in sp.stop), default=1) - 1
             text, emitted, n, prompt = "", 0, 0, len(prompt_ids)
             await self._prefill(req, prompt_ids, prefill - opts.ttft_s)
+            req.prompt_logprobs = self._prompt_logprobs(request, prompt_ids)
             while not req.aborted:
                 n += 1
                 if n == fail_at:
@@ -296,6 +323,8 @@ class SimEngine(Engine):
                 else:
                     tid = rng.below(len(VOCAB))
                     word = " " + VOCAB[tid]
+                if sp.logprobs is not None:
+                    req.logprobs = [token_logprob(tid, word, n, sp.logprobs)]
                 if tid in sp.stop_token_ids:  # a stop token ends it, its text unsent
                     yield self._out(text[emitted:], [tid], prompt, n, FinishReason.STOP, req)
                     return
@@ -330,6 +359,8 @@ class SimEngine(Engine):
         req: _SimRequest,
         stop: str = "",
     ) -> EngineOutput:
+        prompt_lps, req.prompt_logprobs = req.prompt_logprobs, None
+        lps, req.logprobs = (req.logprobs, None) if ids else (None, req.logprobs)
         return EngineOutput(
             text=text,
             token_ids=ids,
@@ -338,5 +369,7 @@ class SimEngine(Engine):
             finish_reason=finish,
             stop_sequence=stop,
             cached_prompt_tokens=req.cached,
+            prompt_logprobs=prompt_lps,
+            logprobs=lps,
             scheduled_at=req.scheduled_at,
         )

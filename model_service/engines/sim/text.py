@@ -7,7 +7,7 @@ import functools
 import hashlib
 import re
 
-from model_service.types import ToolCall
+from model_service.types import TokenLogprob, ToolCall, TopLogprob
 
 MASK64 = (1 << 64) - 1
 
@@ -26,7 +26,31 @@ _WORD_RE = re.compile(r"\w+|[^\w\s]")
 
 def tokenize(text: str) -> list[int]:
     """A stable word-level tokenizer: each word or punctuation mark is one token."""
-    return [word_id(w) for w in _WORD_RE.findall(text)]
+    return [word_id(w) for w in words(text)]
+
+
+def words(text: str) -> list[str]:
+    """The tokens' texts, one per token of `tokenize(text)`."""
+    return _WORD_RE.findall(text)
+
+
+def token_logprob(tid: int, text: str, pos: int, k: int) -> TokenLogprob:
+    """The sim's logprob of a token it wrote at position `pos`: the most likely (rank 1),
+    then k - 1 vocabulary words less likely."""
+    lp = -((tid * 31 + pos) % 400) / 100 - 0.01
+    top = [TopLogprob(tid, text, lp)] if k else []
+    top += [TopLogprob(j, " " + VOCAB[j], lp - 1.0 - j) for j in range(k - 1)]
+    return TokenLogprob(tid, lp, tuple(top), text, rank=1)
+
+
+def prompt_logprobs(ids: list[int], texts: list[str] | None, k: int) -> list[TokenLogprob]:
+    """The sim's prompt logprobs: each prompt token the most likely (rank 1, a logprob
+    from its id and position), then k - 1 vocabulary words less likely; the first token
+    has none. `texts`: the tokens' texts (None: a prompt given as ids, no text)."""
+    out = [TokenLogprob(ids[0], 0.0, text=texts[0] if texts else "")] if ids else []
+    for pos in range(1, len(ids)):
+        out.append(token_logprob(ids[pos], texts[pos] if texts else "", pos, k))
+    return out
 
 
 @functools.lru_cache(maxsize=65536)

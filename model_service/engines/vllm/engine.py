@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 from model_service.config import EngineConfig
 from model_service.engines import chat_template, reasoning
 from model_service.engines.base import Engine, Reasoner
+from model_service.engines.vllm.events import EventFeed
 from model_service.engines.vllm.stats import StatsCollector
 from model_service.errors import EngineDead, EngineError, InvalidArgument, Overloaded, Unavailable
 from model_service.types import (
@@ -62,6 +63,9 @@ class VllmEngine(Engine):
         self._collector = StatsCollector(config.max_num_seqs)
         self._info: ModelInfo | None = None
         self._tokenize_pool = ThreadPoolExecutor(1, thread_name_prefix="sluice-tokenize")
+        opts = config.vllm
+        self._events = EventFeed() if opts.kv_events and opts.enable_prefix_caching else None
+        self._openai: Any = None  # vLLM's own OpenAI server (test only)
         self._reasoning: Any = None  # the reasoning parser's class, if one is named
 
     async def start(self) -> None:
@@ -71,9 +75,15 @@ class VllmEngine(Engine):
             from model_service.engines.vllm.tools import parser_class
 
             parser_class(self.config.vllm.tool_call_parser)
+        if self._events is not None and self.config.vllm.data_parallel_size > 1:
+            # vLLM offsets a publisher's endpoint per rank for tcp and inproc only.
+            raise RuntimeError("--kv-events works with --data-parallel-size 1 only")
         if self.config.reasoning_parser:
             self._reasoning = reasoning.parser_class(self.config.reasoning_parser)
         args = build_engine_args(self.config)
+        if self._events is not None:
+            args.kv_events_config = self._events.engine_config()
+            self._events.subscribe()
         log.info("starting vLLM: %s", describe(args))
         # Hold the AsyncLLM in no local here: something in vLLM keeps a frame from building the
         # args alive, and through its f_back this frame's locals, so the engine would never be
@@ -81,8 +91,18 @@ class VllmEngine(Engine):
         self._llm = await _start_llm(args, self._collector, self.config)
         self._tokenizer = self._llm.get_tokenizer()
         self._info = self._model_info(self._llm)
+        if self._events is not None:
+            self.cache_log = self._events.start(self._llm.vllm_config.cache_config)
         await self._llm.get_supported_tasks()  # starts vLLM's output tasks on this loop
         await self._warm_up()
+        if self.config.vllm.openai_port_file:  # test only: vLLM's server beside ours
+            from model_service.engines.vllm.openai_app import VllmOpenAIServer
+
+            self._openai = VllmOpenAIServer()
+            try:
+                await self._openai.start(self._llm, self.config, self.config.vllm.openai_port_file)
+            except Exception:  # the worker serves on; only the side-by-side checks fail
+                log.exception("vLLM's own OpenAI server (test only) did not start")
         log.info(
             "vLLM ready: max_model_len %d, max_num_seqs %d",
             self._info.max_model_len,
@@ -116,6 +136,10 @@ class VllmEngine(Engine):
         log.info("vLLM warm-up took %.1fs", time.monotonic() - started)
 
     async def stop(self) -> None:
+        if self._events is not None:
+            await self._events.stop()
+        if self._openai is not None:
+            await self._openai.stop()
         llm, self._llm = self._llm, None
         if llm is not None:
             llm.shutdown()
@@ -144,11 +168,21 @@ class VllmEngine(Engine):
         tok = self._tokenizer
         if request.messages is None:
             return list(tok.encode(request.prompt or ""))
-        messages = [_template_message(m) for m in request.messages]
-        tools = [_template_tool(t) for t in request.tools] or None
-        text = chat_template.render(tok, messages, request, tools)
+        text = self._render(request)
         # The template already holds the special tokens; do not add a second BOS.
         return list(tok.encode(text, add_special_tokens=False))
+
+    def _render(self, request: GenerationRequest) -> str:
+        messages = [_template_message(m) for m in request.messages or ()]
+        tools = [_template_tool(t) for t in request.tools] or None
+        return chat_template.render(self._tokenizer, messages, request, tools)
+
+    async def prompt_text(self, request: GenerationRequest) -> str:
+        if request.messages is not None:
+            return self._render(request)
+        if request.prompt is not None:
+            return request.prompt
+        return str(self._tokenizer.decode(request.prompt_token_ids or []))
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
         return self._generate(request)
@@ -175,6 +209,9 @@ class VllmEngine(Engine):
         completion = 0
         try:
             async for out in outputs:
+                prompt_lps = None
+                if sp.prompt_logprobs is not None and out.prompt_logprobs is not None:
+                    prompt_lps = self._prompt_logprobs(out.prompt_logprobs, ids, sp.prompt_logprobs)
                 seq = out.outputs[0]
                 new_ids = list(seq.token_ids)
                 completion += len(new_ids)
@@ -195,6 +232,7 @@ class VllmEngine(Engine):
                     logprobs=_logprobs(seq.logprobs, new_ids, sp.logprobs or 0)
                     if sp.logprobs is not None and seq.logprobs
                     else None,
+                    prompt_logprobs=prompt_lps,
                     scheduled_at=(metrics.scheduled_ts or None) if metrics is not None else None,
                 )
                 if finish is not None:
@@ -207,6 +245,12 @@ class VllmEngine(Engine):
             raise EngineDead("the vLLM engine died") from exc
         finally:
             await outputs.aclose()  # aborts the request in vLLM unless it finished
+
+    def _prompt_logprobs(self, positions: Any, ids: list[int], k: int) -> list[TokenLogprob]:
+        """vLLM's prompt logprobs (the first position has none) as one entry per token."""
+        first = TokenLogprob(ids[0], 0.0, text=self._tokenizer.decode([ids[0]])) if ids else None
+        rest = _logprobs(list(positions)[1:], ids[1:], k)
+        return [first, *rest] if first is not None else rest
 
     async def load_adapter(self, adapter: Adapter) -> None:
         if self._llm is None:
@@ -299,6 +343,7 @@ class VllmEngine(Engine):
                 frequency_penalty=sp.frequency_penalty,
                 repetition_penalty=sp.repetition_penalty,
                 logprobs=sp.logprobs,
+                prompt_logprobs=sp.prompt_logprobs,
                 ignore_eos=sp.ignore_eos,
                 min_tokens=sp.min_tokens,
                 max_tokens=sp.max_tokens or self.config.default_max_tokens or None,
@@ -410,6 +455,7 @@ def _logprobs(positions: Any, token_ids: list[int], k: int) -> list[TokenLogprob
                 logprob=chosen.logprob if chosen is not None else float("-inf"),
                 top=tuple(TopLogprob(i, lp.decoded_token or "", lp.logprob) for i, lp in top),
                 text=(chosen.decoded_token or "") if chosen is not None else "",
+                rank=(chosen.rank or 0) if chosen is not None else 0,
             )
         )
     return result

@@ -1,0 +1,206 @@
+"""kv_aware in pieces: block names as vLLM's, the worker's cache log and its readers (the
+sim's events exact against its cache), the edge's feed of one worker's events, the walk
+that finds each worker's held prefix, and the policy through the registry."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+from edge.config import RoutingConfig
+from edge.routing import kvaware
+from edge.routing.pools import PoolSpec
+from edge.routing.prefix import Prompt
+from edge.routing.registry import PoolRegistry
+from edge.routing.scores import CacheAware, cache_aware
+from edge.upstream.cachefeed import CacheFeed
+from edge.upstream.channel import ChannelFactory
+from edge.upstream.worker import SERVING, Worker
+from generated import sluice_pb2 as pb
+from model_service.engines.events import CacheLog, Layout
+from model_service.engines.sim.cache import PrefixCache
+from model_service.rpc.cache import batch_to_pb
+from sluice_common import blocks
+
+ROOT = blocks.seed_hash(blocks.DEFAULT_SEED)
+
+
+def test_block_names_are_vllms() -> None:
+    # vLLM 0.32: init_none_hash(sha256), then hash_block_tokens over blocks of 4 of
+    # range(1000, 1040), each hash through maybe_convert_block_hash (its int form).
+    vllm = [5160124834463444493, 881344537972422226, 16276992127602420729]
+    assert blocks.hashes(list(range(1000, 1040)), 4, ROOT)[:3] == vllm
+    assert len(blocks.hashes(list(range(1000, 1043)), 4, ROOT)) == 10  # full blocks only
+    assert blocks.hashes(list(range(1000, 1040)), 4, blocks.seed_hash("other"))[0] != vllm[0]
+
+
+def _log(capacity: int = 0, backlog: int = 1000) -> CacheLog:
+    return CacheLog(Layout(4, blocks.ALGO, ROOT, capacity), backlog)
+
+
+async def _drain(reader, held: set[int]) -> set[int]:  # type: ignore[no-untyped-def]
+    """Apply what a reader has pending, as an edge would, through the protobuf message."""
+    if not (reader._snapshot or reader._stored or reader._removed):
+        return held
+    batch = await asyncio.wait_for(reader.next(), 1)
+    msg = pb.CacheEvents.FromString(batch_to_pb(batch, 0, reader._log.layout).SerializeToString())
+    if msg.snapshot:
+        return set(msg.stored)
+    return (held - set(msg.removed)) | set(msg.stored)
+
+
+async def test_the_sims_events_are_exact_against_its_cache() -> None:
+    log = _log()
+    cache = PrefixCache(4, log)
+    reader = log.reader()
+    rng = random.Random(5)
+    seen: set[int] = set()
+    for _ in range(300):  # prompts sharing prefixes, in a cache that evicts as it goes
+        prefix = [rng.randrange(3)] * 4 * rng.randrange(4)
+        prompt = prefix + [rng.randrange(50) for _ in range(rng.randrange(1, 30))]
+        cache.admit(prompt, room_blocks=rng.randrange(5, 40))
+        if rng.random() < 0.3:
+            seen = await _drain(reader, seen)
+            assert seen == set(cache.held()) == set(log.held)
+    seen = await _drain(reader, seen)
+    assert seen == set(cache.held())
+    late = log.reader()  # a reader joining now starts from everything held
+    assert await _drain(late, set()) == set(cache.held())
+
+
+async def test_a_reader_that_falls_behind_gets_a_snapshot() -> None:
+    log = _log(backlog=10)
+    reader = log.reader()
+    assert (await reader.next()).snapshot
+    log.stored(list(range(5)))
+    batch = await reader.next()
+    assert (batch.snapshot, sorted(batch.stored), batch.removed) == (False, [0, 1, 2, 3, 4], [])
+    log.stored(list(range(100, 120)))  # past its backlog: everything, once
+    log.removed([100])
+    batch = await reader.next()
+    assert batch.snapshot and set(batch.stored) == set(range(5)) | set(range(101, 120))
+    log.reset()  # lost engine events: nothing is known to be held
+    assert await reader.next() == type(batch)(True, [], [])
+    reader.close()
+    assert not log.readers
+
+
+def test_the_log_is_bounded_by_the_caches_capacity() -> None:
+    log = _log(capacity=3)
+    log.stored([1, 2, 3, 4, 5])
+    assert list(log.held) == [3, 4, 5]
+    big: dict[int, None] = dict.fromkeys(range(20))
+    assert blocks.trim(big, 16) == list(range(6))  # in bulk: an eighth of the cap more
+    assert list(big) == list(range(6, 20)) and blocks.trim(big, 16) == []
+
+
+def _events(seq: int, snapshot: bool = False, stored=(), removed=(), **layout) -> pb.CacheEvents:  # type: ignore[no-untyped-def]
+    msg = pb.CacheEvents(seq=seq, snapshot=snapshot, stored=stored, removed=removed)
+    if snapshot:
+        lay = {"block_size": 4, "hash_algo": "sha256", "hash_seed": ROOT, "instance": "a"}
+        msg.layout.CopyFrom(pb.CacheLayout(**{**lay, **layout}))
+    return msg
+
+
+def test_the_feed_follows_snapshots_and_changes_and_stops_at_a_gap() -> None:
+    feed = CacheFeed("w", None, cap=3)  # type: ignore[arg-type]
+    assert not feed.apply(_events(0, stored=[1]))  # changes before a snapshot
+    feed._next_seq = 0
+    assert feed.apply(_events(0, True, stored=[1, 2]))
+    assert feed.live and list(feed.held) == [1, 2] and feed.epoch == 1
+    assert feed.apply(_events(1, stored=[3, 4], removed=[1]))
+    assert list(feed.held) == [2, 3, 4]
+    assert feed.apply(_events(2, stored=[5]))  # past its cap: the oldest goes
+    assert list(feed.held) == [3, 4, 5]
+    assert not feed.apply(_events(4, stored=[6]))  # a gap: the caller reconnects
+    feed.reset()
+    assert (feed.held, feed.live, feed.resets) == ({}, False, 1)
+    assert feed.describe()["blocks"] == 0
+    other = CacheFeed("w", None, cap=10)  # type: ignore[arg-type]
+    assert other.apply(_events(0, True, stored=[1], hash_algo="xxhash"))
+    assert not other.live  # a layout the edge cannot compute: routing ignores it
+
+
+def _feed(held: list[int], cap: int = 1000) -> CacheFeed:
+    feed = CacheFeed("w", None, cap)  # type: ignore[arg-type]
+    feed.apply(_events(0, True, stored=held))
+    return feed
+
+
+def test_the_walk_finds_each_workers_held_prefix() -> None:
+    ids = list(range(40))
+    hashes = blocks.hashes(ids, 4, ROOT)
+    feeds = [_feed(hashes[:7]), _feed(hashes[:3]), _feed([]), _feed(hashes[1:])]
+    dead = _feed(hashes)
+    dead.reset()
+    assert kvaware.held_prefix(ids, [*feeds, dead]) == [7, 3, 0, 0, 0]
+    assert kvaware.held_prefix(ids, [dead]) == [0]
+
+
+def test_the_walk_stops_once_a_lone_holder_wins() -> None:
+    ids = list(range(400))
+    hashes = blocks.hashes(ids, 4, ROOT)
+    feeds = [_feed(hashes), _feed(hashes[:2]), _feed([])]
+    loads = [0.0, 0.0, 0.0]
+    decided = kvaware.lone_holder(loads, len(hashes), 0.5)
+    hits = kvaware.held_prefix(ids, feeds, decided)
+    assert hits[1:] == [2, 0] and 2 < hits[0] < 10  # a lower bound: enough to win
+    busy = kvaware.lone_holder([4.0, 0.0, 0.0], len(hashes), 0.5)
+    assert kvaware.held_prefix(ids, feeds, busy)[0] > 10  # load weighs: walk further
+    hopeless = kvaware.lone_holder([40.0, 0.0, 0.0], len(hashes), 0.5)
+    assert kvaware.held_prefix(ids, feeds, hopeless)[0] == 3  # cannot win even with all
+
+
+def test_stopping_early_never_changes_the_pick() -> None:
+    rng = random.Random(11)
+    params = CacheAware()
+    stopped = 0
+    for _ in range(300):
+        ids = [rng.randrange(4) for _ in range(4 * rng.randrange(1, 40))]
+        hashes = blocks.hashes(ids, 4, ROOT)
+        feeds = [_feed(hashes[: rng.randrange(len(hashes) + 1)]) for _ in range(4)]
+        loads = [float(rng.randrange(12)) for _ in feeds]
+        decided = kvaware.lone_holder(loads, len(hashes), params.load_weight)
+        cut, full = kvaware.held_prefix(ids, feeds, decided), kvaware.held_prefix(ids, feeds)
+        assert all(c <= f for c, f in zip(cut, full, strict=True))
+        stopped += cut != full
+        picks = [
+            cache_aware(h, len(hashes), loads, params, random.Random(1))[0] for h in (cut, full)
+        ]
+        assert picks[0] == picks[1]
+    assert stopped > 30  # the cases this is about happened
+
+
+def _registry(policy: str = "kv_aware") -> PoolRegistry:
+    spec = PoolSpec("p", "", 1.0, ["a:1", "b:1", "c:1"], policy=policy)
+    reg = PoolRegistry([spec], RoutingConfig(), ChannelFactory([]), rng=random.Random(7))
+    for w in reg.workers:
+        w.status, w.epoch = SERVING, 1
+    return reg
+
+
+def _hold(w: Worker, hashes: list[int]) -> None:
+    w.cache._task = asyncio.get_running_loop().create_future()  # type: ignore[assignment]
+    w.cache._next_seq = 0
+    w.cache.apply(_events(0, True, stored=hashes))
+
+
+async def test_kv_aware_places_where_the_blocks_are_and_falls_back_without_events() -> None:
+    reg = _registry()
+    a, b, c = reg.workers
+    ids = list(range(100))
+    hashes = blocks.hashes(ids, 4, ROOT)
+    _hold(a, hashes[:3])
+    _hold(b, hashes[:20])
+    _hold(c, [])
+    b.in_flight = 2
+    assert reg.pick(prompt=Prompt(prompt="x", token_ids=ids)) is b
+    assert reg.pick(prompt=Prompt(prompt="x", token_ids=list(range(500, 600)))) in (a, c)
+    placement = reg.pools["p"].placement
+    assert placement.decisions == {"kv_cache": 1, "kv_load": 1}
+    for w in reg.workers:  # the events stopped: cache_aware's guesses instead
+        w.cache.reset()
+    reg.pick(prompt=Prompt(prompt="x", token_ids=ids))
+    assert placement.decisions == {"kv_cache": 1, "kv_load": 1, "load": 1}
+    assert reg.routes_on_tokens() and not _registry("cache_aware").routes_on_tokens()
+    await reg.close()
