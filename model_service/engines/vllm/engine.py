@@ -29,6 +29,7 @@ from model_service.types import (
     GenerationRequest,
     ModelInfo,
     SamplingParams,
+    StructuredOutput,
     TokenLogprob,
     Tool,
     TopLogprob,
@@ -133,6 +134,11 @@ class VllmEngine(Engine):
         req.prompt_token_ids = await self.tokenize(req)
         async for _ in self.generate(req):
             pass
+        # vLLM's structured-output checks import their modules on first use (with the
+        # GIL: every stream stalled while the first constrained request's checks ran).
+        for kind, value in (("json_schema", '{"type": "integer"}'), ("regex", "a+")):
+            req.structured = StructuredOutput(kind, value)
+            self.check(req)
         log.info("vLLM warm-up took %.1fs", time.monotonic() - started)
 
     async def stop(self) -> None:
