@@ -4,9 +4,9 @@ PY := .venv/bin/python
 PROTOS := $(wildcard protos/*.proto)
 WORKER_PORT ?= 50051
 EDGE_PORT ?= 8000
-# `make bench` without ARGS: gRPC, the edge and vllm-router -> edge side by side (a
-# variable: the commas would split $(or ...)'s arguments).
-BENCH_DEFAULT := --mode overhead --targets grpc,sse,router --concurrency 64 --duration 10 --warmup 64
+# `make bench` without ARGS: gRPC, the edge, vllm-router -> edge and SMG -> edge side by
+# side (a variable: the commas would split $(or ...)'s arguments).
+BENCH_DEFAULT := --mode overhead --targets grpc,sse,router,smg --concurrency 64 --duration 10 --warmup 64
 
 .DEFAULT_GOAL := help
 .PHONY: help setup protos check-protos model serve serve-sim test test-fast deploy-check lint fmt bench clean
@@ -45,8 +45,9 @@ test-fast: setup ## Run the suite without the real-model tests
 deploy-check: setup ## Validate the Kubernetes manifests and run nginx against a real edge and worker
 	$(PY) -m pytest -q tests/integration/test_deploy_k8s.py tests/integration/test_deploy_k8s_multigpu.py tests/integration/test_nginx.py
 
-bench: setup ## Benchmarks (BENCHMARKS.md), with the [bench] extra (vllm-router); e.g. make bench ARGS="--mode overhead --concurrency 64"
-	@[ -x .venv/bin/vllm-router ] || $(PY) -m pip install -e ".[bench]"
+bench: setup ## Benchmarks (BENCHMARKS.md), with the [bench] extra (vllm-router, SMG); e.g. make bench ARGS="--mode overhead --concurrency 64"
+	@[ -x .venv/bin/vllm-router ] && [ -x .venv/bin/smg ] && $(PY) -c 'import smg_grpc_servicer' \
+		2>/dev/null || $(PY) -m pip install -e ".[bench]"
 	$(PY) -m scripts.bench $(or $(ARGS),$(BENCH_DEFAULT))
 
 lint: setup ## ruff (lint + format check) and mypy

@@ -28,8 +28,9 @@ DEFAULT_MODEL_DIR = os.environ.get(
 MODES = ("run", "overhead", "compare", "routing", "decision", "selftest")
 DEFAULT_URL = "http://127.0.0.1:8000"
 DEFAULT_ADDRESS = "127.0.0.1:50051"
-# grpc: the worker directly; sse: through the edge; router: through vllm-router -> edge.
-OVERHEAD_TARGETS = ("grpc", "sse", "router")
+# grpc: the worker directly; sse: through the edge; router: through vllm-router -> edge;
+# smg: through SGLang's gateway -> edge.
+OVERHEAD_TARGETS = ("grpc", "sse", "router", "smg")
 # routing mode (scripts/bench/routing.py): our edge's policies and vllm-router's cache_aware.
 ROUTING_TARGETS = (
     "cache_aware", "kv_aware", "session", "session-key", "least_load", "random", "router",
@@ -91,7 +92,7 @@ class OverheadConfig:
     targets: tuple[str, ...] = option(
         ("grpc", "sse"),
         "--targets",
-        "comma-separated: grpc, sse (edge), router (vllm-router+edge)",
+        "comma-separated: grpc, sse (edge), router (vllm-router+edge), smg (SMG+edge)",
         type=names_of(OVERHEAD_TARGETS),
     )
     worker: str = option("", "--worker", "use this sim worker instead of starting one")
@@ -106,6 +107,12 @@ class OverheadConfig:
         (),
         "--router-arg",
         "extra vllm-router flag (repeat; default --policy round_robin)",
+        action="append",
+    )
+    smg_args: tuple[str, ...] = option(
+        (),
+        "--smg-arg",
+        "extra `smg launch` flag, both SMG stacks (repeat; default --policy round_robin)",
         action="append",
     )
 
@@ -134,7 +141,7 @@ class CompareConfig:
     targets: tuple[str, ...] = option(
         (),
         "--compare",
-        "sluice | sluice-grpc | vllm | sse:URL | grpc:ADDR",
+        "sluice | sluice-grpc | vllm | smg-grpc (SMG -> vLLM's gRPC server) | sse:URL | grpc:ADDR",
         type=str,
         nargs=2,
         metavar=("A", "B"),
@@ -231,6 +238,7 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
         worker_args=tuple(overhead.worker_args),
         edge_args=tuple(overhead.edge_args),
         router_args=tuple(overhead.router_args),
+        smg_args=tuple(overhead.smg_args),
     )
     return replace(
         top,

@@ -2,12 +2,13 @@
 
 - `run`: one target that is already running (our edge, a worker, any OpenAI server).
 - `overhead`: the sim engine at (by default) zero delay, so only transport is measured:
-  gRPC straight to the worker, SSE through the edge and SSE through vllm-router in front
-  of the edge (`--targets`), alternating for `rounds`, with worker time stamps; reports
-  each hop's added latency, bytes on the wire per token, and each server process's CPU
-  per event and per request (`overhead.py`).
+  gRPC straight to the worker, SSE through the edge and SSE through a peer (vllm-router or
+  SMG) in front of the edge (`--targets`), alternating for `rounds`, with worker time
+  stamps; reports each hop's added latency, bytes on the wire per token, and each server
+  process's CPU per event and per request (`overhead.py`).
 - `compare`: two targets alternating A, B, A, B... (`rounds`), ratios of their medians;
-  `sluice` / `vllm` start our stack and vLLM's own server from one model directory.
+  `sluice` / `vllm` / `smg-grpc` start our stack, vLLM's own server, or SMG's gRPC router
+  in front of vLLM's gRPC server, from one model directory.
 - `routing`: placement policies side by side on sim workers with prefix caches
   (`routing.py`); `decision`: the edge's own worker choice timed in process
   (`decision.py`).
@@ -24,26 +25,26 @@ from functools import partial
 from typing import Any
 
 from scripts.bench import plot, report
+from scripts.bench.comparison import comparison
 from scripts.bench.config import BenchConfig
 from scripts.bench.fanout import DriverFactory, run_fanout, run_in_process
 from scripts.bench.grpc_driver import GrpcDriver
 from scripts.bench.load import LoadResult
 from scripts.bench.openai_driver import OpenAIDriver
 from scripts.bench.overhead import overhead_analysis
+from scripts.bench.peers import start_smg, start_smg_grpc, start_vllm_router
 from scripts.bench.procwatch import ProcWatch
 from scripts.bench.progress import Progress
 from scripts.bench.stacks import (
     Proc,
     start_edge,
     start_sim_worker,
-    start_vllm_router,
+    start_vllm_grpc_server,
     start_vllm_server,
     start_vllm_worker,
 )
-from scripts.bench.stats import median, summarize
+from scripts.bench.stats import summarize
 from scripts.bench.workload import WorkloadConfig
-
-GOALS = {"tokens_per_s_ratio": (">=", 1.0), "ttft_p50_ratio": ("<=", 1.1)}
 
 
 def make_factory(
@@ -147,16 +148,20 @@ def overhead_mode(cfg: BenchConfig) -> dict[str, Any]:
             started.append(start_sim_worker(_sim_worker_args(cfg)))
             worker = started[-1].address
         edge = o.edge
-        if {"sse", "router"} & set(o.targets) and not edge:
+        if {"sse", "router", "smg"} & set(o.targets) and not edge:
             # The edge forwards worker stamps only when told to (`--allow-stamps`).
             stamps = ["--allow-stamps"] if stamp else []
             started.append(start_edge(worker, [*stamps, *o.edge_args]))
             edge = started[-1].url
-        router = ""
-        if "router" in o.targets:
-            started.append(start_vllm_router(edge, list(o.router_args)))
-            router = started[-1].url
-        where = {"grpc": worker, "sse": edge, "router": router}
+        peers = {
+            "router": lambda: start_vllm_router(edge, list(o.router_args)),
+            "smg": lambda: start_smg(edge, list(o.smg_args)),
+        }
+        where = {"grpc": worker, "sse": edge}
+        for target in o.targets:
+            if target in peers:
+                started.append(peers[target]())
+                where[target] = started[-1].url
         pids = {p.name: p.pid for p in started}
         results = []
         for r in range(cfg.rounds):
@@ -166,7 +171,7 @@ def overhead_mode(cfg: BenchConfig) -> dict[str, Any]:
                 factory = make_factory(cfg, kind, where[target], label, stamp)
                 results.append(measure(cfg, factory, label, pids))
     finally:
-        for proc in reversed(started):  # the router first, then the edge, then the worker
+        for proc in reversed(started):  # the peers first, then the edge, then the worker
             proc.stop()
     runs = [summarize(r) for r in results]
     w = cfg.workload
@@ -180,6 +185,10 @@ def overhead_mode(cfg: BenchConfig) -> dict[str, Any]:
     return finish(cfg, results, {"overhead": analysis})
 
 
+# Compare mode's processes, in the order they stop (the one in front first).
+STACK_KEYS = ("edge", "vllm-worker", "vllm-server", "smg-grpc", "vllm-grpc-server")
+
+
 class _Stacks:
     """Starts the named stacks on first use (two at once from two threads: engine loading
     is slow) and stops them in order."""
@@ -187,19 +196,26 @@ class _Stacks:
     def __init__(self, cfg: BenchConfig) -> None:
         self.cfg = cfg
         self.procs: dict[str, Proc] = {}
-        self._locks = {k: threading.Lock() for k in ("edge", "vllm-worker", "vllm-server")}
+        self._locks = {k: threading.Lock() for k in STACK_KEYS}
 
     def _get(self, key: str) -> Proc:
         with self._locks[key]:
             if key not in self.procs:
-                c = self.cfg.compare
-                if key == "vllm-worker":
-                    self.procs[key] = start_vllm_worker(c.model_dir, c.engine)
-                elif key == "edge":
-                    self.procs[key] = start_edge(self._get("vllm-worker").address, [])
-                else:
-                    self.procs[key] = start_vllm_server(c.model_dir, c.engine)
+                self.procs[key] = self._start(key)
             return self.procs[key]
+
+    def _start(self, key: str) -> Proc:
+        c = self.cfg.compare
+        if key == "vllm-worker":
+            return start_vllm_worker(c.model_dir, c.engine)
+        if key == "edge":
+            return start_edge(self._get("vllm-worker").address, [])
+        if key == "vllm-grpc-server":
+            return start_vllm_grpc_server(c.model_dir, c.engine)
+        if key == "smg-grpc":
+            address = self._get("vllm-grpc-server").address
+            return start_smg_grpc(address, c.model_dir, list(self.cfg.overhead.smg_args))
+        return start_vllm_server(c.model_dir, c.engine)
 
     def resolve_all(self, specs: tuple[str, ...]) -> list[tuple[str, str, str]]:
         with ThreadPoolExecutor(len(specs)) as pool:
@@ -213,13 +229,15 @@ class _Stacks:
             return "grpc", self._get("vllm-worker").address, spec
         if spec == "vllm":
             return "sse", self._get("vllm-server").url, spec
+        if spec == "smg-grpc":
+            return "sse", self._get("smg-grpc").url, spec
         if spec.startswith(("http://", "sse:")):
             return "sse", spec.removeprefix("sse:"), spec
         if spec.startswith("grpc:"):
             return "grpc", spec.removeprefix("grpc:"), spec
         raise SystemExit(f"unknown compare target {spec!r}")
 
-    def stop(self, keys: tuple[str, ...] = ("edge", "vllm-worker", "vllm-server")) -> None:
+    def stop(self, keys: tuple[str, ...] = STACK_KEYS) -> None:
         for key in keys:
             proc = self.procs.pop(key, None)
             if proc is not None:
@@ -253,29 +271,3 @@ def _compare_run(
 ) -> LoadResult:
     pids = {k: p.pid for k, p in stacks.procs.items()}
     return measure(cfg, make_factory(cfg, kind, where, label, False), label, pids)
-
-
-def comparison(runs: list[dict[str, Any]], a: str, b: str) -> dict[str, Any]:
-    """A/B ratios per round (medians), A's and B's medians, and the goals met or not."""
-    ra = [r for r in runs if r["label"].rsplit(" #", 1)[0] == a]
-    rb = [r for r in runs if r["label"].rsplit(" #", 1)[0] == b]
-    out: dict[str, Any] = {"A": a, "B": b, "rounds": min(len(ra), len(rb))}
-    metrics = {
-        "tokens_per_s": lambda r: r["tokens_per_s"],
-        "ttft_p50": lambda r: r["ttft_ms"].get("p50"),
-        "ttft_p99": lambda r: r["ttft_ms"].get("p99"),
-        "itl_p50": lambda r: r["itl_ms"].get("p50"),
-        "e2e_p50": lambda r: r["e2e_ms"].get("p50"),
-    }
-    for name, get in metrics.items():
-        va, vb = [get(r) for r in ra], [get(r) for r in rb]
-        out[f"A.{name}"], out[f"B.{name}"] = median(va), median(vb)
-        ratios = [x / y for x, y in zip(va, vb, strict=False) if x is not None and y]
-        out[f"{name}_ratio"] = median(ratios)
-    for name, (op, goal) in GOALS.items():
-        value = out.get(name)
-        if value is not None:
-            out[f"goal {name} {op} {goal}"] = (
-                "met" if (value >= goal if op == ">=" else value <= goal) else "not met"
-            )
-    return out

@@ -8,11 +8,17 @@ Targets, each one hop longer than the last:
 | `grpc` | harness -> worker (`Generate`) |
 | `sse` | harness -> edge -> worker |
 | `router` | harness -> vllm-router -> edge -> worker |
+| `smg` | harness -> SMG (SGLang's gateway) -> edge -> worker |
+
+`router` and `smg` are the peers (`PEERS`): proxies of the very same SSE stream, whose CPU
+per event and per request the edge's is divided by (`edge_over_<peer>_cpu_per_*`).
 
 Added latency: the worker stamps each message and the edge puts the stamp inside each
 chunk's JSON, which a proxy passes on, so every target has a worker->client latency;
-`edge_added_*` = sse - grpc, `router_added_*` = router - sse, `router_edge_added_*` =
-router - grpc, percentile by percentile (medians over rounds).
+`edge_added_*` = sse - grpc, `<peer>_added_*` = peer - sse, `<peer>_edge_added_*` =
+peer - grpc, percentile by percentile (medians over rounds). SMG does not pass the
+request's stamp header on, so its stamp figures are empty (a `note smg` says so): with a
+token delay its `lateness_*` (below) is the latency figure to compare.
 
 CPU (`cpu`: target -> process -> figures, medians over rounds) comes from each run's
 utime + stime of the watched processes over the measured window (`procwatch`), for the
@@ -31,14 +37,22 @@ from typing import Any
 
 from scripts.bench.stats import median
 
-WORKER, EDGE, ROUTER = "sim-worker", "edge", "vllm-router"  # process labels (stacks names)
-TARGETS = ("grpc", "sse", "router")
+# Process labels (the names stacks and peers give them).
+WORKER, EDGE, ROUTER, SMG = "sim-worker", "edge", "vllm-router", "smg"
+TARGETS = ("grpc", "sse", "router", "smg")
+# The peer targets: a proxy in front of the edge, and its process.
+PEERS = {"router": ROUTER, "smg": SMG}
 # Which started processes a target's requests pass through; a process watched under
 # another label (--watch-pid) is reported for every target.
-PATHS = {"grpc": {WORKER}, "sse": {WORKER, EDGE}, "router": {WORKER, EDGE, ROUTER}}
-# Issue 11: edge CPU per event <= vllm-router's; < 250 us CPU per request (1-token streams)
-# for the edge and the worker.
-EDGE_OVER_ROUTER_GOAL = 1.0
+PATHS = {
+    "grpc": {WORKER},
+    "sse": {WORKER, EDGE},
+    **{target: {WORKER, EDGE, name} for target, name in PEERS.items()},
+}
+STARTED = (WORKER, EDGE, ROUTER, SMG)
+# Issues 11 and 22: edge CPU per event <= each peer's; < 250 us CPU per request (1-token
+# streams) for the edge and the worker.
+EDGE_OVER_PEER_GOAL = 1.0
 PER_REQUEST_GOAL_US = 250.0
 PER_REQUEST_GOALS = (("sse", EDGE), ("grpc", WORKER), ("sse", WORKER))
 
@@ -60,11 +74,11 @@ def _goal(value: float | None, limit: float) -> str:
 
 
 def _on_path(target: str, name: str) -> bool:
-    return name in PATHS.get(target, ()) or name not in (WORKER, EDGE, ROUTER)
+    return name in PATHS.get(target, ()) or name not in STARTED
 
 
 def _path_order(name: str) -> tuple[int, str]:
-    order = {WORKER: 0, EDGE: 1, ROUTER: 2}
+    order = {WORKER: 0, EDGE: 1, ROUTER: 2, SMG: 2}
     return order.get(name, 3), name
 
 
@@ -129,8 +143,9 @@ def _per_target(out: dict[str, Any], runs: list[dict[str, Any]], t: str, delay_s
 
 
 def _added_latency(out: dict[str, Any], targets: tuple[str, ...]) -> None:
-    pairs = (("edge_added", "sse", "grpc"), ("router_added", "router", "sse"),
-             ("router_edge_added", "router", "grpc"))  # fmt: skip
+    pairs = [("edge_added", "sse", "grpc")]
+    for peer in PEERS:
+        pairs += [(f"{peer}_added", peer, "sse"), (f"{peer}_edge_added", peer, "grpc")]
     for name, longer, shorter in pairs:
         if {longer, shorter} <= set(targets):
             for p in ("p50", "p99"):
@@ -138,6 +153,11 @@ def _added_latency(out: dict[str, Any], targets: tuple[str, ...]) -> None:
                     out[f"{longer}.worker_to_client_{p}_ms"],
                     out[f"{shorter}.worker_to_client_{p}_ms"],
                 )
+    for peer in PEERS:
+        if peer in targets and out[f"{peer}.worker_to_client_p50_ms"] is None:
+            # SMG forwards only a fixed list of request headers, X-Sluice-Stamp-Times not
+            # among them: the edge is never asked for stamps through it.
+            out[f"note {peer}"] = "no worker stamps through this peer; compare its lateness_*"
     if {"grpc", "sse"} <= set(targets):
         if out["sse.worker_to_client_p50_ms"] is None:
             out["note"] = "the edge did not forward worker stamps; edge_added_* unavailable"
@@ -166,22 +186,24 @@ def _edge_capacity(out: dict[str, Any], runs: list[dict[str, Any]], streams: int
         out["edge.rss_growth_kib_per_stream"] = round(delta_kib / streams, 2)
 
 
-def _peer(out: dict[str, Any], runs: list[dict[str, Any]], cpu: dict[str, Any]) -> None:
-    """The edge (SSE runs) against vllm-router (router runs), per event and per request."""
-    edge, router = cpu.get("sse", {}).get(EDGE), cpu.get("router", {}).get(ROUTER)
-    if not edge or not router:
-        return
-    for key in ("cpu_us_per_event", "cpu_us_per_request"):
-        out[f"edge.{key}"] = edge[key]
-        out[f"vllm-router.{key}"] = router[key]
-    for key, short in (("cpu_us_per_event", "event"), ("cpu_us_per_request", "request")):
-        out[f"edge_over_router_cpu_per_{short}"] = _round_ratio(
-            runs, ("sse", EDGE), ("router", ROUTER), key
-        )
-    ratio = out["edge_over_router_cpu_per_event"]
-    out[f"goal edge_over_router_cpu_per_event <= {EDGE_OVER_ROUTER_GOAL}"] = _goal(
-        ratio, EDGE_OVER_ROUTER_GOAL
-    )
+def _peers(out: dict[str, Any], runs: list[dict[str, Any]], cpu: dict[str, Any]) -> None:
+    """The edge (SSE runs) against each peer that ran (its own runs), per event and per
+    request: `edge.*`, `<process>.*`, `edge_over_<target>_cpu_per_*` and a goal line."""
+    edge = cpu.get("sse", {}).get(EDGE)
+    for target, name in PEERS.items():
+        peer = cpu.get(target, {}).get(name)
+        if not edge or not peer:
+            continue
+        for key in ("cpu_us_per_event", "cpu_us_per_request"):
+            out[f"edge.{key}"] = edge[key]
+            out[f"{name}.{key}"] = peer[key]
+        for key, short in (("cpu_us_per_event", "event"), ("cpu_us_per_request", "request")):
+            out[f"edge_over_{target}_cpu_per_{short}"] = _round_ratio(
+                runs, ("sse", EDGE), (target, name), key
+            )
+        ratio = out[f"edge_over_{target}_cpu_per_event"]
+        goal = f"goal edge_over_{target}_cpu_per_event <= {EDGE_OVER_PEER_GOAL}"
+        out[goal] = _goal(ratio, EDGE_OVER_PEER_GOAL)
 
 
 def _per_request_goals(out: dict[str, Any], cpu: dict[str, Any]) -> None:
@@ -210,7 +232,7 @@ def overhead_analysis(
     _added_latency(out, targets)
     _edge_capacity(out, runs, streams)
     cpu = cpu_by_target(runs, targets)
-    _peer(out, runs, cpu)
+    _peers(out, runs, cpu)
     if one_token:
         _per_request_goals(out, cpu)
     if cpu:

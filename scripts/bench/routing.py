@@ -39,9 +39,10 @@ from scripts.bench.fanout import run_in_process
 from scripts.bench.load import LoadResult
 from scripts.bench.modes import finish, make_factory
 from scripts.bench.openai_driver import get_json
+from scripts.bench.peers import start_vllm_router
 from scripts.bench.procwatch import ProcWatch
 from scripts.bench.progress import Progress
-from scripts.bench.stacks import Proc, start_edge, start_sim_worker, start_vllm_router
+from scripts.bench.stacks import Proc, start_edge, start_sim_worker
 from scripts.bench.stats import median, summarize
 
 TARGETS = ("cache_aware", "kv_aware", "session", "session-key", "least_load", "random", "router",

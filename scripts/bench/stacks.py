@@ -4,10 +4,11 @@
   `python -m edge`, both with `--port 0 --port-file`);
 - a worker with the vLLM engine and vLLM's own OpenAI server, from one model directory
   with the same engine settings (`EngineSettings`), for side-by-side runs;
-- vLLM's Rust router (`vllm-router`, the `[bench]` extra) in front of an edge: the peer
-  whose CPU per event the edge is measured against.
+- vLLM's own gRPC server (`vllm.entrypoints.launchers.grpc_server`, the `[bench]` extra's
+  `smg-grpc-servicer`), the engine behind SMG's gRPC router.
 
-`procwatch.ProcWatch` measures them while a benchmark runs.
+The peers in front of these (vllm-router, SMG) are in `peers.py`; `procwatch.ProcWatch`
+measures them all while a benchmark runs.
 """
 
 from __future__ import annotations
@@ -133,7 +134,8 @@ class EngineSettings:
         return args
 
 
-def _spawn(name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
+def spawn(name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
+    """`argv` started in the repository root, its output to a log file of its own."""
     tmp = Path(tempfile.mkdtemp(prefix=f"sluice-bench-{name}-"))
     log_path = tmp / "log"
     with open(log_path, "wb") as log:
@@ -147,7 +149,7 @@ def _spawn(name: str, argv: list[str], env: dict[str, str] | None = None) -> Pro
     return Proc(name, proc, log_path)
 
 
-def _wait(proc: Proc, ready, timeout: float) -> Proc:  # type: ignore[no-untyped-def]
+def wait_ready(proc: Proc, ready, timeout: float) -> Proc:  # type: ignore[no-untyped-def]
     """Poll `ready()` until true; fail with the log's tail if the process dies or hangs."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -165,20 +167,20 @@ def _wait(proc: Proc, ready, timeout: float) -> Proc:  # type: ignore[no-untyped
     raise RuntimeError(f"{proc.name} not ready after {timeout:.0f}s:\n{proc.log_tail()}")
 
 
-def _port_file_ready(proc: Proc, port_file: Path) -> bool:
+def port_file_ready(proc: Proc, port_file: Path) -> bool:
     text = port_file.read_text().strip() if port_file.exists() else ""
     if text:
         proc.port = int(text)
     return bool(text)
 
 
-def _serving(address: str) -> bool:
+def serving(address: str) -> bool:
     with grpc.insecure_channel(address) as ch:
         resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1)
     return resp.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def _models_ready(port: int) -> bool:
+def models_ready(port: int) -> bool:
     data = asyncio.run(get_json("127.0.0.1", port, "/v1/models", timeout=2)).get("data")
     return bool(data)
 
@@ -186,13 +188,13 @@ def _models_ready(port: int) -> bool:
 def start_worker(engine_args: list[str], name: str = "worker", timeout: float = 60.0) -> Proc:
     """`python -m model_service ENGINE_ARGS` on a free port, waited until SERVING."""
     port_file = Path(tempfile.mkdtemp(prefix="sluice-bench-port-")) / "port"
-    proc = _spawn(
+    proc = spawn(
         name,
         [sys.executable, "-m", "model_service", "--host", "127.0.0.1", "--port", "0",
          "--port-file", str(port_file), *engine_args],
     )  # fmt: skip
-    _wait(proc, lambda: _port_file_ready(proc, port_file), timeout)
-    return _wait(proc, lambda: _serving(proc.address), timeout)
+    wait_ready(proc, lambda: port_file_ready(proc, port_file), timeout)
+    return wait_ready(proc, lambda: serving(proc.address), timeout)
 
 
 def start_sim_worker(extra: list[str], timeout: float = 60.0) -> Proc:
@@ -216,14 +218,14 @@ def start_edge(
         raise RuntimeError("edge/__main__.py does not exist yet: no edge to start")
     port_file = Path(tempfile.mkdtemp(prefix="sluice-bench-port-")) / "port"
     workers = [worker_address] if isinstance(worker_address, str) else worker_address
-    proc = _spawn(
+    proc = spawn(
         name,
         [sys.executable, "-m", "edge", *(f"--worker={w}" for w in workers), "--host", "127.0.0.1",
          "--port", "0", "--port-file", str(port_file), *extra],
         env,
     )  # fmt: skip
-    _wait(proc, lambda: _port_file_ready(proc, port_file), timeout)
-    return _wait(proc, lambda: _models_ready(proc.port), timeout)
+    wait_ready(proc, lambda: port_file_ready(proc, port_file), timeout)
+    return wait_ready(proc, lambda: models_ready(proc.port), timeout)
 
 
 def free_port() -> int:
@@ -235,50 +237,25 @@ def free_port() -> int:
 def start_vllm_server(model_dir: str, engine: EngineSettings, timeout: float = 900.0) -> Proc:
     """vLLM's own OpenAI server (`python -m vllm.entrypoints.openai.api_server`)."""
     port = free_port()
-    proc = _spawn(
+    proc = spawn(
         "vllm-server",
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
          "--host", "127.0.0.1", f"--port={port}", *engine.server_args()],
     )  # fmt: skip
     proc.port = port
-    return _wait(proc, lambda: _models_ready(port), timeout)
+    return wait_ready(proc, lambda: models_ready(port), timeout)
 
 
-# With one backend a policy has nothing to choose; round_robin is the cheapest (cache_aware,
-# the router's default, keeps a prefix tree per request). `extra` may override it.
-ROUTER_DEFAULT_ARGS = ("--policy", "round_robin")
+def start_vllm_grpc_server(model_dir: str, engine: EngineSettings, timeout: float = 900.0) -> Proc:
+    """vLLM's own gRPC server (`python -m vllm.entrypoints.launchers.grpc_server`, SMG's
+    `VllmEngine` contract from `smg-grpc-servicer`), waited until its health says SERVING.
 
-
-def router_binary() -> list[str]:
-    """The `vllm-router` console script (beside this Python first, then on PATH), as argv.
-
-    A Python script is run by this interpreter: its `#!` line names the Python of the
-    environment it was installed from, which a copied or moved environment no longer has."""
-    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    found = shutil.which("vllm-router", path=path)
-    if not found:
-        raise SystemExit(
-            "vllm-router is not installed: `make bench` installs it, or "
-            "`.venv/bin/python -m pip install -e '.[bench]'`"
-        )
-    with open(found, "rb") as f:
-        head = f.readline()
-    return [sys.executable, found] if head.startswith(b"#!") and b"python" in head else [found]
-
-
-def start_vllm_router(edge_url: str | list[str], extra: list[str], timeout: float = 60.0) -> Proc:
-    """`vllm-router --worker-urls EDGE...` on a free port, waited until it lists the model.
-
-    At start it polls `/health` on each backend before it listens (the edge serves it);
-    `--health-check-endpoint` only sets what it polls afterwards."""
-    port, metrics_port = free_port(), free_port()
-    urls = [edge_url] if isinstance(edge_url, str) else edge_url
-    proc = _spawn(
-        "vllm-router",
-        [*router_binary(), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls,
-         "--health-check-endpoint", "/healthz", "--worker-startup-check-interval", "1",
-         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
-         *ROUTER_DEFAULT_ARGS, *extra],
+    It takes vLLM's engine flags, so it gets the same settings as vLLM's OpenAI server."""
+    port = free_port()
+    proc = spawn(
+        "vllm-grpc-server",
+        [sys.executable, "-m", "vllm.entrypoints.launchers.grpc_server", "--model", model_dir,
+         "--host", "127.0.0.1", f"--port={port}", *engine.server_args()],
     )  # fmt: skip
     proc.port = port
-    return _wait(proc, lambda: _models_ready(port), timeout)
+    return wait_ready(proc, lambda: serving(proc.address), timeout)

@@ -1,11 +1,13 @@
 """The benchmark harness end to end: its CLI against a real sim worker (gRPC) and a real
 edge (SSE), overhead mode's per-process CPU figures, and its SSE reader on synthetic
-bytes. Seconds, not minutes. vllm-router (the `[bench]` extra) is not needed here."""
+bytes. Seconds, not minutes. vllm-router (the `[bench]` extra) is not needed here; SMG
+(the same extra, starting in a fraction of a second) is, where installed."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -119,6 +121,26 @@ def test_overhead_per_request_cpu_of_worker_and_edge(tmp_path):
     assert "router_added_p50_ms" not in o and "edge_over_router_cpu_per_event" not in o
     md = (tmp_path / "per-request.md").read_text()
     assert "| sse | edge |" in md and "requests/s per core" in md
+
+
+@pytest.mark.skipif(
+    not shutil.which("smg", path=str(Path(sys.executable).parent)), reason="no [bench] extra"
+)
+def test_overhead_through_smg_in_front_of_the_edge(tmp_path):
+    # Issue 22's second peer: the harness starts SMG in front of the edge and charges it
+    # for the smg target's events beside the edge.
+    n = 60
+    doc = bench(tmp_path, "smg", "--targets", "sse,smg", "--requests", str(n),
+                "--concurrency", "4", "--warmup", "4", "--no-plot", mode="overhead")  # fmt: skip
+    assert [r["label"] for r in doc["runs"]] == ["sse", "smg"]
+    for run in doc["runs"]:
+        assert run["requests"]["ok"] == n and run["tokens_total"] == n * OUTPUT_TOKENS
+        assert set(run["processes"]) == {"sim-worker", "edge", "smg"}
+    o = doc["overhead"]
+    assert list(o["cpu"]["smg"]) == ["sim-worker", "edge", "smg"]
+    assert o["smg.cpu_us_per_event"] > 0 and o["edge_over_smg_cpu_per_event"] > 0
+    assert o["note smg"].startswith("no worker stamps")  # SMG drops the stamp header
+    assert "| smg | smg |" in (tmp_path / "smg.md").read_text()
 
 
 def test_sse_reader_parses_a_response_split_anywhere():

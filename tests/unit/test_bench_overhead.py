@@ -1,11 +1,13 @@
 """Overhead mode's figures (scripts/bench/overhead.py) from hand-made run summaries: the
-edge against vllm-router per event, each hop's added latency, and which processes a
-target is charged for. No servers, so no vllm-router either."""
+edge against its peers (vllm-router, SMG) per event, each hop's added latency, and which
+processes a target is charged for; and their rows in the markdown. No servers, so no
+peers either."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from scripts.bench import report
 from scripts.bench.overhead import overhead_analysis
 
 EVENTS = 10_000
@@ -33,21 +35,32 @@ def run(label: str, w2c_ms: tuple[float, float], cpu_s: dict[str, float]) -> dic
     }
 
 
-def rounds(edge_s: tuple[float, float], router_s: tuple[float, float]) -> list[dict[str, Any]]:
-    """Two alternating rounds of grpc, sse, router; every process watched in every run."""
+def rounds(
+    edge_s: tuple[float, float],
+    router_s: tuple[float, float],
+    smg_s: tuple[float, float] | None = None,
+) -> list[dict[str, Any]]:
+    """Two alternating rounds of grpc, sse, router (and smg with `smg_s`); every process
+    watched in every run."""
     out = []
     for r in range(2):
         idle = {"sim-worker": 1.0, "edge": 0.01, "vllm-router": 0.0}
+        if smg_s:
+            idle["smg"] = 0.002
         behind_router = {**idle, "edge": edge_s[r], "vllm-router": router_s[r]}
         out += [
             run(f"grpc #{r + 1}", (0.5, 2.0), idle),
             run(f"sse #{r + 1}", (1.5, 6.0), {**idle, "edge": edge_s[r]}),
             run(f"router #{r + 1}", (2.0, 9.0), behind_router),
         ]
+        if smg_s:
+            behind_smg = {**idle, "edge": edge_s[r], "smg": smg_s[r]}
+            out.append(run(f"smg #{r + 1}", (1.75, 7.0), behind_smg))
     return out
 
 
 TARGETS = ("grpc", "sse", "router")
+ALL = ("grpc", "sse", "router", "smg")
 
 
 def test_edge_over_router_is_the_median_of_round_by_round_ratios():
@@ -100,3 +113,67 @@ def test_without_the_router_there_is_no_peer_figure():
     o = overhead_analysis(runs, ("grpc", "sse"), 64)
     assert "edge_over_router_cpu_per_event" not in o and "router_added_p50_ms" not in o
     assert o["edge_added_p50_ms"] == 1.0 and "router" not in o["cpu"]
+
+
+def test_edge_over_smg_beside_edge_over_router():
+    # Edge 100 and 120 us/event; router 50 and 30 (2.0x, 4.0x); SMG 40 and 80 (2.5x, 1.5x).
+    o = overhead_analysis(rounds((1.0, 1.2), (0.5, 0.3), (0.4, 0.8)), ALL, 64, 0.02)
+    assert o["edge_over_router_cpu_per_event"] == 3.0
+    assert o["smg.cpu_us_per_event"] == 60.0  # median of 40 and 80
+    assert o["smg.cpu_us_per_request"] == 6000.0
+    assert o["edge_over_smg_cpu_per_event"] == 2.0  # median of 2.5 and 1.5, not 110/60
+    assert o["edge_over_smg_cpu_per_request"] == 2.0
+    assert o["goal edge_over_smg_cpu_per_event <= 1.0"] == "not met"
+    assert o["goal edge_over_router_cpu_per_event <= 1.0"] == "not met"
+
+
+def test_smg_is_charged_for_its_own_path_only():
+    cpu = overhead_analysis(rounds((1.0, 1.0), (0.5, 0.5), (0.4, 0.4)), ALL, 64)["cpu"]
+    assert {t: list(p) for t, p in cpu.items()} == {
+        "grpc": ["sim-worker"],
+        "sse": ["sim-worker", "edge"],
+        "router": ["sim-worker", "edge", "vllm-router"],
+        "smg": ["sim-worker", "edge", "smg"],
+    }
+    assert cpu["smg"]["smg"]["requests_per_s_per_core"] == 250.0  # 100 requests / 0.4 CPU-s
+
+
+def test_smg_added_latency():
+    o = overhead_analysis(rounds((1.0, 1.0), (0.5, 0.5), (0.4, 0.4)), ALL, 64, 0.02)
+    assert (o["smg_added_p50_ms"], o["smg_added_p99_ms"]) == (0.25, 1.0)  # smg - sse
+    assert (o["smg_edge_added_p50_ms"], o["smg_edge_added_p99_ms"]) == (1.25, 5.0)  # - grpc
+    assert (o["router_added_p50_ms"], o["router_added_p99_ms"]) == (0.5, 3.0)
+
+
+def test_smg_alone_without_the_router():
+    runs = [r for r in rounds((0.3, 0.3), (0.5, 0.5), (0.4, 0.4)) if "router" not in r["label"]]
+    o = overhead_analysis(runs, ("sse", "smg"), 64)
+    assert o["goal edge_over_smg_cpu_per_event <= 1.0"] == "met"  # 30 vs 40 us
+    assert o["edge.cpu_us_per_event"] == 30.0
+    assert not [k for k in o if "router" in k] and "router" not in o["cpu"]
+
+
+def test_the_markdown_carries_both_peers():
+    runs = rounds((1.0, 1.2), (0.5, 0.3), (0.4, 0.8))
+    meta = {"command": "x", "time_utc": "t", "commit": "c",
+            "machine": {"cores": 2, "cpu": "", "mem_gib": 1.0}}  # fmt: skip
+    doc = {"meta": meta, "mode": "overhead", "runs": [], "processes": {},
+           "overhead": overhead_analysis(runs, ALL, 64, 0.02)}  # fmt: skip
+    lines = report.markdown(doc).splitlines()
+    assert "| edge_over_router_cpu_per_event | 3 |" in lines
+    assert "| edge_over_smg_cpu_per_event | 2 |" in lines
+    assert "| smg.cpu_us_per_event | 60 |" in lines
+    assert "| goal edge_over_smg_cpu_per_event <= 1.0 | not met |" in lines
+    assert "| smg | smg | 6 | 60 | 6,000 | 187.5 |" in lines  # CPU table: 250, 125 per core
+
+
+def test_a_peer_without_stamps_gets_a_note_not_a_difference():
+    # SMG does not forward X-Sluice-Stamp-Times, so its runs carry no stamps at all.
+    runs = rounds((1.0, 1.0), (0.5, 0.5), (0.4, 0.4))
+    for r in runs:
+        if r["label"].startswith("smg"):
+            r["stamp_latency_ms"] = {"n": 0}
+    o = overhead_analysis(runs, ALL, 64, 0.02)
+    assert o["smg_added_p50_ms"] is None and o["smg_edge_added_p99_ms"] is None
+    assert o["note smg"] == "no worker stamps through this peer; compare its lateness_*"
+    assert o["smg.lateness_p50_ms"] == 0.5 and "note router" not in o
