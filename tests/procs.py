@@ -44,7 +44,9 @@ class Proc:
         return self.log_path.read_text(errors="replace")
 
     def terminate(self, timeout: float = 30.0) -> int:
-        """SIGTERM, then wait; SIGKILL if it does not end in time. Returns the exit code."""
+        """SIGTERM, then wait; SIGKILL if it does not end in time. Returns the exit code.
+        What it started and left behind (a killed `--processes N` edge's children, an
+        engine core) is ended with it."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -52,12 +54,21 @@ class Proc:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
+        self._end_group()
         return self.proc.returncode
 
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+        self._end_group()
+
+    def _end_group(self) -> None:
+        """SIGKILL what is left of its process group (it leads one: `_spawn`)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _spawn(
@@ -74,6 +85,7 @@ def _spawn(
             stdout=log,
             stderr=subprocess.STDOUT,
             env=full_env,
+            start_new_session=True,  # its own process group: `Proc` ends what it leaves
         )
 
     def bound_port() -> int:

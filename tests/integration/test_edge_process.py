@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 from typing import Any
@@ -12,6 +13,7 @@ import pytest
 
 from tests.integration.edge_fixtures import chat_text, chunks, parse_sse, wait_ready
 from tests.procs import start_edge, worker
+from tests.waits import eventually
 
 BODY = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 60, "min_tokens": 60}
 
@@ -59,6 +61,30 @@ def test_several_edge_processes_share_the_port() -> None:
                 assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 3
         finally:
             assert edge.terminate() == 0
+
+
+def test_a_killed_several_process_edge_leaves_no_process_behind() -> None:
+    """Regression: a `--processes 2` edge killed by SIGKILL left its two spawned processes
+    (and multiprocessing's resource tracker) running for the rest of the machine's life."""
+    with worker("--engine", "sim") as w:
+        edge = start_edge("--worker", w.address, "--processes", "2")
+        wait_ready(f"http://{edge.address}")
+        group = edge.proc.pid  # `start_edge` makes the edge lead a process group
+
+        def members() -> list[int]:
+            found = []
+            for entry in os.listdir("/proc"):
+                if entry.isdigit():
+                    try:
+                        if os.getpgid(int(entry)) == group:
+                            found.append(int(entry))
+                    except ProcessLookupError:
+                        pass
+            return found
+
+        assert len(members()) >= 3  # the parent and its two processes at least
+        edge.kill()
+        assert eventually(lambda: members() == [], what="no process of the edge's group")
 
 
 @pytest.mark.chaos
