@@ -234,6 +234,20 @@ class LimitsConfig:
         1_000, "--max-regex-repeat", "the largest count of a regex repetition {m,n}"
     )
     max_grammar_rules: int = option(1_000, "--max-grammar-rules", "rules of one grammar")
+    # The backend's own cost, measured: each new constraint compiled once in a child
+    # process before the engine sees it (`constraints/`).
+    max_constraint_compile_s: float = option(
+        5.0, "--max-constraint-compile-s", "seconds a new constraint may take to compile"
+    )
+    max_constraint_compile_mb: int = option(
+        1024, "--max-constraint-compile-mb", "memory a new constraint's compile may take, MiB"
+    )
+    constraint_compilers: int = option(
+        2,
+        "--constraint-compilers",
+        "processes compiling new constraints within those bounds (0: not measured)",
+        type=non_negative,
+    )
     chat_roles: list[str] = option(
         [],
         "--chat-role",

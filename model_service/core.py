@@ -15,6 +15,7 @@ from typing import Any
 
 from generated import sluice_pb2 as pb
 from model_service.config import WorkerConfig
+from model_service.constraints.gate import ConstraintGate, open_gate
 from model_service.engines.base import CallParser, Engine
 from model_service.errors import NotFound, OutOfRange, SluiceError, Unavailable
 from model_service.generation.run import Generation
@@ -59,6 +60,16 @@ class WorkerCore:
         self._unloads: set[asyncio.Task[None]] = set()  # engine unloads after a last generation
         # Set by the server: called when the engine dies (health -> NOT_SERVING).
         self.on_engine_dead: Callable[[], None] | None = None
+        self.gate: ConstraintGate | None = None  # `open_gate`, once the engine runs
+
+    async def open_gate(self) -> None:
+        """Measure each new constraint's compile from now on (`constraints/`)."""
+        self.gate = await open_gate(self.engine.grammar_vocab, self.config.limits)
+
+    async def close_gate(self) -> None:
+        gate, self.gate = self.gate, None
+        if gate is not None:
+            await gate.pool.close()
 
     async def prepare(
         self, start: pb.StartGeneration, deadline_s: float | None, trace_id: str = ""
@@ -75,7 +86,12 @@ class WorkerCore:
             req.request_id = uuid.uuid4().hex
         engine_id = self.engine_id(req.request_id)
         parsers = self._tool_parsers(req, engine_id)
-        self.engine.check(req)
+        if req.structured is None:
+            job = self.engine.check(req)
+        else:  # vLLM's own checks parse the constraint (a 100 KB regex: ~0.1 s): off the loop
+            job = await asyncio.to_thread(self.engine.check, req)
+        if job is not None and self.gate is not None and req.structured is not None:
+            await self.gate.check(job, req.structured.field)  # its compile, bounded
         self.store.admit()  # running replay logs under --replay-max-mb
         ticket = self.admission.admit(self.engine.stats(), req.priority, req.tenant)
         try:

@@ -92,6 +92,7 @@ class Worker:
     async def load_engine(self) -> None:
         await self.engine.start()
         await self.core.load_start_adapters()
+        await self.core.open_gate()
         self.core.ready = True
         await self._set_health(SERVING)
         info = self.engine.model_info
@@ -135,6 +136,7 @@ class Worker:
         await self.server.stop(FINAL_FLUSH_S)
         if self.health_server is not None:
             await self.health_server.stop(0)
+        await self.core.close_gate()
         await self.engine.stop()
         tracing.shutdown()
         log.info("stopped")

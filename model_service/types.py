@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +71,20 @@ class StructuredOutput:
     @property
     def field(self) -> str:
         return self.source or f"structured_output.{self.kind}"
+
+
+@dataclass(frozen=True, slots=True)
+class CompileJob:
+    """What the grammar backend compiles for a constraint (`constraints/child.py`):
+    `method` is json_schema, regex, lark or ebnf; `spec` the text it compiles."""
+
+    method: str
+    spec: str
+    any_whitespace: bool = True
+
+    def digest(self) -> bytes:
+        head = f"{self.method}\0{int(self.any_whitespace)}\0".encode()
+        return hashlib.sha256(head + self.spec.encode("utf-8", "surrogatepass")).digest()
 
 
 @dataclass(frozen=True, slots=True)

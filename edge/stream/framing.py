@@ -76,18 +76,24 @@ class Framer:
             out.append(self.event(data, cursor, name, part))
         return b"".join(out)
 
-    def text_event(self, text: str, cursor: int) -> bytes:
+    def text_event(self, text: str, cursor: int, stamp: int = 0) -> bytes:
         """`event(fmt.delta(text, None), cursor)` from a template: one `orjson.dumps` and
-        one `%` (orjson never writes a raw CR or LF, so nothing is scanned)."""
+        one `%` (orjson never writes a raw CR or LF, so nothing is scanned). With
+        `Job.stamps` the chunk carries the worker's `stamp` too."""
         call = self._job.call
         origin = (call.request_id, call.worker.key)
         if not self._text_tmpl or self._retry_pending or origin != self._origin:
             if self._text_head is None:  # the format's own delta, taken apart once
                 mark = self._job.fmt.delta(_MARK, None)
                 self._text_head, _, self._text_tail = mark.rpartition(orjson.dumps(_MARK))
-            return self.event(self._job.fmt.delta(text, None), cursor)
+            data = self._job.fmt.delta(text, None)
+            if self._job.stamps:
+                data = data[:-1] + STAMP_FIELD % stamp
+            return self.event(data, cursor)
         self.framed_id = b"%s%d.%d" % (self._prefix, self.seq, cursor)
         self.seq += 1
+        if self._job.stamps:
+            return self._text_tmpl % (self.seq - 1, cursor, orjson.dumps(text), stamp)
         return self._text_tmpl % (self.seq - 1, cursor, orjson.dumps(text))
 
     def event(self, data: bytes, cursor: int, event: bytes | None = None, part: int = 0) -> bytes:
@@ -99,9 +105,12 @@ class Framer:
             self._prefix = job.codec.prefix(Origin(*origin, job.owner, job.body))
             self._text_tmpl = b""  # made by the next text_event, if any
         if not self._text_tmpl and self._text_head is not None:
+            tail = _literal(self._text_tail)
+            if job.stamps:  # the chunk's JSON object gets one more field
+                tail = tail[:-1] + STAMP_FIELD
             self._text_tmpl = (
                 b"id: " + _literal(self._prefix) + b"%d.%d\ndata: " + _literal(self._text_head)
-                + b"%s" + _literal(self._text_tail) + b"\n\n"
+                + b"%s" + tail + b"\n\n"
             )  # fmt: skip
         eid = self._prefix + b"%d.%d" % (self.seq, cursor)
         if part:
@@ -115,6 +124,8 @@ class Framer:
         return framed
 
 
+# With `Job.stamps` (benchmarks): the worker's clock as the chunk's last field.
+STAMP_FIELD = b',"sluice_worker_time_ns":%d}'
 _MARK = "\x00"  # a text whose JSON appears nowhere else in a delta
 
 

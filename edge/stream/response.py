@@ -35,7 +35,7 @@ from edge.errors import ApiError, Dialect, dialect_of, from_status, internal_err
 from edge.obs.record import RequestRecord, record_of
 from edge.stream import sse
 from edge.stream.drive import send_now
-from edge.stream.framing import Framer
+from edge.stream.framing import STAMP_FIELD, Framer
 from edge.stream.job import Job, final_error, read_prompts
 from generated import sluice_pb2 as pb
 
@@ -70,7 +70,7 @@ class GenerationResponse:
         self.call = job.call
         self.fmt = job.fmt
         self._framer = Framer(job)
-        self._plain = not (job.rich or job.logprobs or job.stamps)  # text events only
+        self._plain = not (job.rich or job.logprobs)  # text events only
         self._last_id = b""  # of the last event written (a drain error names it)
         self._running = True  # the body has not returned yet
         self._committed = False  # the response's start went out
@@ -199,7 +199,8 @@ class GenerationResponse:
         job, chunk = self.job, msg.chunk
         if self._plain and not chunk.reasoning:
             text = chunk.text
-            return self._framer.text_event(text, msg.index + 1) if text else b""
+            stamp = msg.worker_time_ns if job.stamps else 0
+            return self._framer.text_event(text, msg.index + 1, stamp) if text else b""
         lps = self.fmt.logprobs(chunk) if job.logprobs else None
         if job.rich or chunk.reasoning:  # thinking (a worker's reasoning parser) is rich
             return self._framer.frame(self.fmt.events(chunk, lps, self._framer.seq), msg.index)
@@ -207,7 +208,7 @@ class GenerationResponse:
             return b""
         event = self.fmt.delta(chunk.text, lps)
         if job.stamps:  # only with Job.stamps: the chunk's JSON gets one more field
-            event = event[:-1] + b',"sluice_worker_time_ns":%d}' % msg.worker_time_ns
+            event = event[:-1] + STAMP_FIELD % msg.worker_time_ns
         return self._framer.event(event, msg.index + 1)
 
     def _event_written(self, msg: pb.GenerateResponse, rx_ns: int) -> None:

@@ -12,6 +12,7 @@ from model_service.engines.events import CacheLog
 from model_service.errors import FailedPrecondition
 from model_service.types import (
     Adapter,
+    CompileJob,
     EngineOutput,
     EngineStats,
     GenerationRequest,
@@ -110,10 +111,17 @@ class Engine(abc.ABC):
         """Drop an adapter no generation uses any more."""
         return None
 
-    def check(self, request: GenerationRequest) -> None:
+    def check(self, request: GenerationRequest) -> CompileJob | None:
         """Refuse, with `errors.InvalidArgument` naming the field, what the engine cannot
         honour (a constraint its grammar backend cannot compile, a sampling option it
-        lacks) before the generation is accepted. The default accepts everything."""
+        lacks) before the generation is accepted; return the compile its constraint will
+        cost the backend, for the worker to measure first (None: nothing to measure).
+        The default accepts everything."""
+        return None
+
+    async def grammar_vocab(self) -> str | None:
+        """The vocabulary its grammar backend compiles constraints over, as
+        `xgrammar.TokenizerInfo.serialize_json` (None: no constraint is measured)."""
         return None
 
     def tool_parser(

@@ -7,7 +7,9 @@ the ids accepted since, then every followed generation's new log entries, as the
 the log holds (framed by hand as `SessionFrame` fields: nothing is parsed or serialized
 again). Each generation has its own window: at most `window` bytes sent beyond what the
 client acknowledged, so a client that stops reading one generation leaves it in its log
-(bounded by the replay cap) and never stalls the others.
+(bounded by the replay cap) and never stalls the others. A start with a constraint is
+prepared in a task of its own (its compile may take seconds: `constraints/`), so the
+reader goes on with the session's other actions meanwhile.
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ class SessionStream:
         self.ready: dict[_Follow, None] = {}  # changed since last written, in order
         self.accepted: list[str] = []  # announced, not yet written
         self.refusals: list[bytes] = []  # in-band finals of refused starts and attaches
+        self.pending: dict[str, asyncio.Task[None]] = {}  # constrained starts in preparation
         self.reader_done = False
         self._wakeup = Wakeup()
         self._wake = self._wakeup.set
@@ -102,7 +105,9 @@ class SessionStream:
             await self._write()
         finally:
             reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
+            for task in self.pending.values():  # their callers are gone with the session
+                task.cancel()
+            await asyncio.gather(reader, *self.pending.values(), return_exceptions=True)
             cap = self.core.config.replay.max_detach_grace_s
             for f in list(self.follows.values()):
                 gen = f.gen
@@ -116,7 +121,7 @@ class SessionStream:
                 frame = self._frame()
                 if frame:
                     await write(frame)
-            elif self.reader_done and not self.follows:
+            elif self.reader_done and not self.follows and not self.pending:
                 return
             else:
                 await self._wakeup.wait()
@@ -234,10 +239,12 @@ class SessionStream:
             f = self.follows.get(action.detach.request_id)
             if f is not None:
                 self._unfollow(f)
+            self._abandon(action.detach.request_id)
         elif which == "cancel":
             f = self.follows.get(action.cancel.request_id)
             if f is not None:
                 f.gen.cancel(CLIENT_CANCEL)
+            self._abandon(action.cancel.request_id)
         elif which == "attach":
             self._attach(action.attach)
         elif which == "options":
@@ -250,7 +257,7 @@ class SessionStream:
         refusal: SluiceError | None = None
         if len(self.follows) >= self.core.config.limits.max_generations_per_session:
             refusal = FailedPrecondition("too many live generations on this session")
-        elif start.request_id in self.follows:
+        elif start.request_id in self.follows or start.request_id in self.pending:
             refusal = AlreadyExists(f"generation {start.request_id!r} is live on this session")
         trace_headers = tracing.headers(
             [
@@ -259,6 +266,21 @@ class SessionStream:
                 if v
             ]
         )
+        prepared = self._prepare(start, trace_headers, refusal)
+        if refusal is None and _constrained(start):
+            rid = start.request_id
+            task = asyncio.get_running_loop().create_task(prepared)
+            self.pending[rid] = task
+            task.add_done_callback(lambda _t: self._prepared(rid, task))
+        else:
+            await prepared
+
+    async def _prepare(
+        self,
+        start: pb.StartGeneration,
+        trace_headers: dict[str, str] | None,
+        refusal: SluiceError | None,
+    ) -> None:
         try:
             gen = await prepare_start(
                 self.core, start, None, start.trace_id or self.trace_id, trace_headers, refusal
@@ -267,6 +289,17 @@ class SessionStream:
             self._refuse(start.request_id, 0, err)
             return
         self._follow(gen, 0, announced=False)
+
+    def _prepared(self, request_id: str, task: asyncio.Task[None]) -> None:
+        if self.pending.get(request_id) is task:
+            del self.pending[request_id]
+        self._wake()
+
+    def _abandon(self, request_id: str) -> None:
+        """The client left a start still in preparation: its compile is abandoned."""
+        task = self.pending.pop(request_id, None)
+        if task is not None:
+            task.cancel()
 
     def _attach(self, attach: pb.AttachGeneration) -> None:
         rid = attach.request_id
@@ -283,3 +316,9 @@ class SessionStream:
             return
         self.accepted.append(rid)
         self._follow(gen, attach.from_index, announced=True)
+
+
+def _constrained(start: pb.StartGeneration) -> bool:
+    """Whether the start may wait for a constraint's compile (a structured output, or
+    tools a required or named choice turns into one)."""
+    return start.HasField("structured_output") or bool(start.chat.tools)

@@ -10,7 +10,6 @@ with an output forced (by a regex) into the Hermes format that the parser must f
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import time
@@ -18,7 +17,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import anthropic
-import grpc
 import httpx
 import jsonschema
 import openai
@@ -26,7 +24,7 @@ import pytest
 from pydantic import BaseModel
 
 from generated import sluice_pb2 as pb
-from model_service.client import GenerationError, SluiceClient
+from model_service.client import SluiceClient
 from tests.integration.conftest import _make_model
 from tests.integration.edge_fixtures import EDGE_ENV, streamed_tool_calls, wait_ready
 from tests.procs import Proc, start_edge
@@ -342,55 +340,6 @@ async def test_a_prompt_as_token_ids_answers_as_its_text(
         client.completions.create(prompt=[*ids, 10**9], **kw)
     assert isinstance(err.value.body, dict) and err.value.body.get("param") == "prompt"
     assert "vocabulary" in str(err.value.body.get("message"))
-
-
-def _props(n: int) -> dict[str, Any]:
-    p = {f"p{i}": {"type": "string"} for i in range(n)}
-    return {"type": "object", "properties": p, "required": list(p)}
-
-
-# The probe suite's constraints that stalled or killed a vLLM worker (issue 28).
-HOSTILE_CONSTRAINTS = {
-    "10,000 required properties": pb.StructuredOutput(json_schema=json.dumps(_props(10_000))),
-    "5,000 enum strings of 200": pb.StructuredOutput(
-        json_schema=json.dumps({"enum": ["e" * 200 + str(i) for i in range(5_000)]})
-    ),
-    "$ref n -> n": pb.StructuredOutput(
-        json_schema=json.dumps({"$defs": {"n": {"$ref": "#/$defs/n"}}, "$ref": "#/$defs/n"})
-    ),
-    "1,000 choices of 1 KB": pb.StructuredOutput(
-        choice=pb.ChoiceList(choices=[f"{i}" + "c" * 1023 for i in range(1_000)])
-    ),
-    "a{0,100000}": pb.StructuredOutput(regex="a{0,100000}"),
-    "a chain of 5,000 grammar rules": pb.StructuredOutput(
-        grammar="root ::= r0\n" + "".join(f'r{i} ::= "a" r{i + 1}\n' for i in range(4_999))
-    ),
-    # What the backend itself refuses, before the first byte as schemas are.
-    "an unclosed regex group": pb.StructuredOutput(regex="(a"),
-    "a grammar naming no rule": pb.StructuredOutput(grammar="root ::= undefined_rule"),
-}
-
-
-async def test_hostile_constraints_are_refused_fast_and_the_worker_serves_on(
-    vllm_worker: Proc,
-) -> None:
-    """Each hostile constraint is INVALID_ARGUMENT naming `structured_output` within a
-    second, while a normal greedy stream runs beside them; that stream's answer is the
-    one it gives alone, and the worker is the same process."""
-    pid = vllm_worker.pid
-    canary = dict(prompt="The capital of France is", temperature=0, max_tokens=24)
-    async with SluiceClient(vllm_worker.address) as c:
-        alone = await c.generate(**canary).text()
-        beside = asyncio.create_task(c.generate(**canary).text())
-        for name, so in HOSTILE_CONSTRAINTS.items():
-            t0 = time.monotonic()
-            with pytest.raises(GenerationError) as err:
-                await c.generate(prompt="Answer:", structured_output=so, max_tokens=8).text()
-            assert time.monotonic() - t0 < 1.0, name
-            assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT, name
-            assert "structured_output" in err.value.message, name
-        assert await beside == alone
-    assert vllm_worker.pid == pid and vllm_worker.proc.poll() is None
 
 
 RIVER = [{"role": "user", "content": "Name a river."}]

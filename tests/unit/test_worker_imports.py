@@ -1,6 +1,7 @@
 """Imports inside the worker run one way, room by room (ARCHITECTURE.md, the worker):
 
-    types, errors, config -> engines -> intake -> generation -> obs -> core -> rpc -> server
+    types, errors, config -> engines -> intake -> constraints -> generation -> obs -> core
+    -> rpc -> server
 
 A module may import its own room and the rooms before it, never one after it; the client
 imports nothing of the worker, and engines never see protobuf. Read with `ast`, so imports
@@ -14,8 +15,11 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "model_service"
-ORDER = ("foundation", "engines", "intake", "generation", "obs", "core", "rpc", "bootstrap")
-SUBPACKAGES = {"engines", "intake", "generation", "obs", "rpc"}
+ORDER = (
+    "foundation", "engines", "intake", "constraints", "generation", "obs", "core", "rpc",
+    "bootstrap",
+)  # fmt: skip
+SUBPACKAGES = {"engines", "intake", "constraints", "generation", "obs", "rpc"}
 TOP_LEVEL = {
     "__init__": "foundation",
     "types": "foundation",

@@ -22,12 +22,14 @@ from model_service.errors import EngineDead, EngineError, InvalidArgument, Overl
 from model_service.types import (
     Adapter,
     ChatMessage,
+    CompileJob,
     EngineOutput,
     EngineStats,
     FinishReason,
     GenerationRequest,
     ModelInfo,
     SamplingParams,
+    StructuredOutput,
     TokenLogprob,
     Tool,
     TopLogprob,
@@ -132,6 +134,11 @@ class VllmEngine(Engine):
         req.prompt_token_ids = await self.tokenize(req)
         async for _ in self.generate(req):
             pass
+        # vLLM's structured-output checks import their modules on first use (with the
+        # GIL: every stream stalled while the first constrained request's checks ran).
+        for kind, value in (("json_schema", '{"type": "integer"}'), ("regex", "a+")):
+            req.structured = StructuredOutput(kind, value)
+            self.check(req)
         log.info("vLLM warm-up took %.1fs", time.monotonic() - started)
 
     async def stop(self) -> None:
@@ -264,11 +271,14 @@ class VllmEngine(Engine):
         if self._llm is not None:
             await self._llm.remove_lora(adapter.id)
 
-    def check(self, request: GenerationRequest) -> None:
-        """vLLM's own checks of the parameters, constraint included, before acceptance."""
+    def check(self, request: GenerationRequest) -> CompileJob | None:
+        """vLLM's own checks of the parameters, constraint included, before acceptance;
+        the compile its xgrammar backend will then run."""
         if self._llm is None or (request.structured is None and not request.sampling.logit_bias):
-            return
+            return None
         from vllm.exceptions import VLLMClientError
+
+        from model_service.engines.vllm.grammar import compile_job
 
         params = self._sampling_params(request)
         llm = self._llm
@@ -282,6 +292,17 @@ class VllmEngine(Engine):
             )
         except (ValueError, VLLMClientError) as exc:
             raise _invalid(exc, request) from exc
+        so = request.structured
+        tight = so is not None and so.disable_any_whitespace
+        return compile_job(params, tight or cfg.structured_outputs_config.disable_any_whitespace)
+
+    async def grammar_vocab(self) -> str | None:
+        if self._llm is None:
+            return None
+        from model_service.engines.vllm.grammar import vocab_json
+
+        size = self._llm.model_config.get_vocab_size()
+        return await asyncio.to_thread(vocab_json, self._tokenizer, size)
 
     def reasoner(self) -> Reasoner | None:
         if self._reasoning is None or self._tokenizer is None:
