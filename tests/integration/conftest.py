@@ -62,6 +62,10 @@ def vllm_worker() -> Iterator[Proc]:
         "2",
         "--max-lora-rank",
         "8",
+        # A role beyond OpenAI's five (SmolLM2's template renders any role), compared with
+        # vLLM's server in test_model_vllm_shapes.py.
+        "--chat-role",
+        "ipython",
         startup_timeout=240,
     )
     yield w
