@@ -541,6 +541,10 @@ def test_rolling_restart_of_two_workers_under_load_loses_nothing(fleet: Fleet) -
     def load() -> None:
         with httpx.Client(timeout=30) as c:
             while not stop.is_set():
+                # Sessionless load: a kept cookie would pin each thread's session, and with
+                # six sessions over two workers all six rendezvous on w1 one run in 64 (the
+                # restarted w2 then never serves: this test's fresh-clone flake).
+                c.cookies.clear()
                 with c.stream("POST", f"{fleet.base}{CHAT}", json=body) as resp:
                     raw = resp.read().decode()
                 ok = resp.status_code == 200 and raw.rstrip().endswith("data: [DONE]")
