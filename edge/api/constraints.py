@@ -125,15 +125,21 @@ def structured(body: dict[str, Any]) -> pb.StructuredOutput | None:
     return fmt or ext
 
 
-def tools(body: dict[str, Any]) -> list[pb.Tool]:
-    """`tools`: function tools only."""
+def tool_entries(body: dict[str, Any]) -> list[tuple[str, Any]]:
+    """`tools` as (its param, the entry) pairs, each API checking its own entry's shape
+    (chat's, Responses' and Messages' tools differ)."""
     given = body.get("tools")
     if given is None:
         return []
     if not isinstance(given, list):
         raise invalid("tools", "'tools' must be a list")
+    return [(f"tools[{i}]", tool) for i, tool in enumerate(given)]
+
+
+def tools(body: dict[str, Any]) -> list[pb.Tool]:
+    """`tools`: function tools only."""
     out = []
-    for i, tool in enumerate(given):
+    for i, (_, tool) in enumerate(tool_entries(body)):
         if not isinstance(tool, dict) or tool.get("type") != "function":
             raise invalid(f"tools[{i}].type", "only tools of type 'function' are supported")
         fn = tool.get("function")

@@ -120,14 +120,8 @@ def _messages(body: dict[str, Any]) -> list[pb.ChatMessage]:
 
 
 def _tools(body: dict[str, Any]) -> list[pb.Tool]:
-    given = body.get("tools")
-    if given is None:
-        return []
-    if not isinstance(given, list):
-        raise invalid("tools", "'tools' must be a list")
     out = []
-    for i, tool in enumerate(given):
-        param = f"tools[{i}]"
+    for param, tool in constraints.tool_entries(body):
         if not isinstance(tool, dict) or tool.get("type", "custom") not in ("custom", None):
             kind = tool.get("type") if isinstance(tool, dict) else None
             raise invalid(

@@ -127,13 +127,8 @@ def _text_format(body: dict[str, Any]) -> pb.StructuredOutput | None:
 
 
 def _tools(body: dict[str, Any]) -> list[pb.Tool]:
-    given = body.get("tools")
-    if given is None:
-        return []
-    if not isinstance(given, list):
-        raise invalid("tools", "'tools' must be a list")
     out = []
-    for i, tool in enumerate(given):
+    for i, (_, tool) in enumerate(constraints.tool_entries(body)):
         if not isinstance(tool, dict) or tool.get("type") != "function":
             raise invalid(f"tools[{i}].type", "only tools of type 'function' are supported")
         if not isinstance(tool.get("name"), str):
