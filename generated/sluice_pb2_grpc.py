@@ -85,6 +85,11 @@ class GenerationStub:
                 request_serializer=generated_dot_sluice__pb2.WatchCacheRequest.SerializeToString,
                 response_deserializer=generated_dot_sluice__pb2.CacheEvents.FromString,
                 _registered_method=True)
+        self.Embed = channel.unary_unary(
+                '/sluice.v1.Generation/Embed',
+                request_serializer=generated_dot_sluice__pb2.EmbedRequest.SerializeToString,
+                response_deserializer=generated_dot_sluice__pb2.EmbedResponse.FromString,
+                _registered_method=True)
 
 
 class GenerationServicer:
@@ -211,6 +216,21 @@ class GenerationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Embed(self, request, context):
+        """Embeds a batch of inputs on a pooling worker (one whose model lists `task`
+        TASK_EMBED: vLLM's `--runner pooling`, the sim's pooling mode): one vector per input,
+        in order, each from the model's pooler (vLLM's: the last token's hidden state for a
+        decoder model), cut to `dimensions` then normalized (L2) unless `normalize` is false.
+        Errors: INVALID_ARGUMENT naming the field (`inputs[2]`: empty or, untruncated, longer
+        than the context; `dimensions`: the model has no Matryoshka embeddings or the number
+        is out of its range; `model` on a worker that generates), NOT_FOUND for an unknown
+        model, UNAVAILABLE while starting or draining. A generating call (`Generate`,
+        `Session`) on a pooling worker is INVALID_ARGUMENT naming `model` too.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GenerationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -263,6 +283,11 @@ def add_GenerationServicer_to_server(servicer, server):
                     servicer.WatchCache,
                     request_deserializer=generated_dot_sluice__pb2.WatchCacheRequest.FromString,
                     response_serializer=generated_dot_sluice__pb2.CacheEvents.SerializeToString,
+            ),
+            'Embed': grpc.unary_unary_rpc_method_handler(
+                    servicer.Embed,
+                    request_deserializer=generated_dot_sluice__pb2.EmbedRequest.FromString,
+                    response_serializer=generated_dot_sluice__pb2.EmbedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -536,6 +561,33 @@ class Generation:
             '/sluice.v1.Generation/WatchCache',
             generated_dot_sluice__pb2.WatchCacheRequest.SerializeToString,
             generated_dot_sluice__pb2.CacheEvents.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Embed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Generation/Embed',
+            generated_dot_sluice__pb2.EmbedRequest.SerializeToString,
+            generated_dot_sluice__pb2.EmbedResponse.FromString,
             options,
             channel_credentials,
             insecure,

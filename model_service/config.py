@@ -14,6 +14,7 @@ from sluice_common.options import add_section, option, section_from
 
 LOOPS = ("auto", "asyncio", "uvloop")
 EXECUTORS = ("mp", "ray", "uni", "external_launcher")
+RUNNERS = ("generate", "pooling")
 BOOL = argparse.BooleanOptionalAction
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the ranks vLLM's LoRA kernels take
 DEFAULT_MAX_LORAS = 4
@@ -56,6 +57,9 @@ class SimOptions:
         "--sim-answer",
         "sim: answer every generation with this text (words, spaces, marks and <tags> as "
         "tokens) instead of sampling, e.g. a thinking model's '<think> ... </think> ...'",
+    )
+    embedding_size: int = option(
+        64, "--sim-embedding-size", "sim with --runner pooling: a full vector's length"
     )
     prefill_tokens_per_s: float = option(
         0.0,
@@ -185,6 +189,13 @@ class EngineConfig:
     )
     max_lora_rank: int = option(
         16, "--max-lora-rank", "highest LoRA rank an adapter may have", choices=LORA_RANKS
+    )
+    runner: str = option(
+        "generate",
+        "--runner",
+        "what the model serves: generate (tokens) or pooling (embeddings through `Embed`; "
+        "vLLM converts a decoder model to an embedding model, the sim embeds by token)",
+        choices=RUNNERS,
     )
     reasoning_parser: str = option(
         "",

@@ -17,17 +17,23 @@ from generated import sluice_pb2 as pb
 from model_service.config import WorkerConfig
 from model_service.constraints.gate import ConstraintGate, open_gate
 from model_service.engines.base import CallParser, Engine
-from model_service.errors import NotFound, OutOfRange, SluiceError, Unavailable
+from model_service.errors import InvalidArgument, NotFound, OutOfRange, SluiceError, Unavailable
 from model_service.generation.run import Generation
 from model_service.generation.runtime import Runtime
 from model_service.generation.store import ReplayStore
-from model_service.intake import decode, tools
+from model_service.intake import decode, embed, tools
 from model_service.intake.adapters import Adapters, parse_flag
 from model_service.intake.admission import Admission
 from model_service.intake.validation import resolve_max_tokens, validate_request
 from model_service.obs import tracing
 from model_service.obs.metrics import WorkerMetrics
-from model_service.types import Adapter, FinishReason, GenerationRequest, WorkerFigures
+from model_service.types import (
+    Adapter,
+    EmbedRequest,
+    FinishReason,
+    GenerationRequest,
+    WorkerFigures,
+)
 
 log = logging.getLogger("sluice.worker")
 
@@ -51,6 +57,7 @@ class WorkerCore:
         self._idle = asyncio.Event()
         self._idle.set()
         self._seq = 0
+        self._embeds = 0  # `Embed` batches under way (the drain waits for them too)
         self._record_level = logging.INFO if config.access_log else logging.DEBUG
         self.metrics = metrics if metrics is not None else WorkerMetrics()
         self._runtime = Runtime(engine, self, self.metrics.itl, self.store)
@@ -80,6 +87,10 @@ class WorkerCore:
         if not self.ready or self.draining:
             raise Unavailable("worker is draining" if self.draining else "engine is not ready yet")
         model = self.engine.model_info
+        if model.task != "generate":
+            raise InvalidArgument(
+                "model", f"model {model.id!r} serves embeddings only (`Embed`), no generations"
+            )
         req.adapter = self.adapters.resolve(req.model)
         validate_request(req, model, self.config.limits)
         if not req.request_id:
@@ -127,6 +138,45 @@ class WorkerCore:
             self.admission.unadmit(ticket)
             raise
         return gen
+
+    async def embed(self, req: EmbedRequest) -> tuple[list[list[float]], list[int]]:
+        """A batch's vectors and each input's tokens: checked, admitted as one generation
+        (it takes one place and one batch slot, in its class's turn), then embedded.
+        Raises SluiceError."""
+        try:
+            vectors, tokens = await self._embed(req)
+        except SluiceError as err:
+            self.metrics.embedded(err.code.name, 0)
+            raise
+        self.metrics.embedded("OK", sum(tokens))
+        return vectors, tokens
+
+    async def _embed(self, req: EmbedRequest) -> tuple[list[list[float]], list[int]]:
+        if not self.ready or self.draining:
+            raise Unavailable("worker is draining" if self.draining else "engine is not ready yet")
+        model = self.engine.model_info
+        embed.validate_embed(req, model, self.config.limits)
+        if not req.request_id:
+            req.request_id = uuid.uuid4().hex
+        ids = await embed.token_ids(req, self.engine, model)
+        ticket = self.admission.admit(self.engine.stats(), req.priority, req.tenant)
+        displaced: list[SluiceError] = []
+        ticket.displace = displaced.append
+        self._embeds += 1
+        self._idle.clear()
+        try:
+            turn = self.admission.dispatch(ticket)
+            if turn is not None:
+                await asyncio.shield(turn)
+            if displaced:
+                raise displaced[0]
+            vectors = await self.engine.embed(req, ids)
+        finally:
+            self.admission.release(ticket)
+            self._embeds -= 1
+            if not self.live and not self._embeds:
+                self._idle.set()
+        return vectors, [len(one) for one in ids]
 
     def _tool_parsers(
         self, req: GenerationRequest, engine_id: str
@@ -240,7 +290,7 @@ class WorkerCore:
         if gen.ticket is not None:
             self.admission.release(gen.ticket)
         self.store.ended(gen)
-        if not self.live:
+        if not self.live and not self._embeds:
             self._idle.set()
 
     def detach_expired(self, wasted_tokens: int) -> None:

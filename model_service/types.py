@@ -213,6 +213,24 @@ class ModelInfo:
     version: str = ""
     default_max_tokens: int = 512
     vocab_size: int = 0  # token ids below it are valid prompt tokens (0: not checked)
+    task: str = "generate"  # or "embed": a pooling worker (`--runner pooling`)
+    embedding_size: int = 0  # "embed": a full vector's length
+    matryoshka: bool = False  # "embed": `dimensions` may cut vectors shorter
+
+
+@dataclass(slots=True)
+class EmbedRequest:
+    """A batch of inputs to embed (`Embed`): texts or token ids, one vector each."""
+
+    request_id: str
+    inputs: list[str | list[int]]
+    model: str = ""
+    dimensions: int | None = None  # cut to this many values (Matryoshka), then normalize
+    normalize: bool = True
+    truncate: int | None = None  # keep this many tokens of a longer input
+    truncate_left: bool = False  # ... its last ones
+    priority: int = 1  # 0 high .. 2 low
+    tenant: str = ""
 
 
 @dataclass(slots=True)

@@ -13,6 +13,7 @@ from model_service.errors import FailedPrecondition
 from model_service.types import (
     Adapter,
     CompileJob,
+    EmbedRequest,
     EngineOutput,
     EngineStats,
     GenerationRequest,
@@ -110,6 +111,12 @@ class Engine(abc.ABC):
     async def unload_adapter(self, adapter: Adapter) -> None:
         """Drop an adapter no generation uses any more."""
         return None
+
+    async def embed(self, request: EmbedRequest, ids: list[list[int]]) -> list[list[float]]:
+        """One vector per input (`ids`: each input's token ids, fitted to the context), cut
+        to `request.dimensions` and normalized as asked. Only a model whose `task` is
+        "embed" is asked; raises InvalidArgument for options the engine refuses."""
+        raise FailedPrecondition(f"the {self.name} engine embeds nothing")
 
     def check(self, request: GenerationRequest) -> CompileJob | None:
         """Refuse, with `errors.InvalidArgument` naming the field, what the engine cannot

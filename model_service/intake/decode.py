@@ -115,6 +115,16 @@ def structured_from_pb(so: pb.StructuredOutput) -> StructuredOutput | None:
 _PRIORITY_CLASS = {pb.PRIORITY_HIGH: 0, pb.PRIORITY_NORMAL: 1, pb.PRIORITY_LOW: 2}
 
 
+def priority_class(priority: pb.Priority) -> int:
+    """The contract's priority as the admission's class (unset: normal)."""
+    if not priority:
+        return 1
+    found = _PRIORITY_CLASS.get(priority)
+    if found is None:
+        raise InvalidArgument("priority", f"unknown priority {priority}")
+    return found
+
+
 def request_from_pb(start: pb.StartGeneration) -> GenerationRequest:
     """A StartGeneration as a domain request (validation happens separately)."""
     which = start.WhichOneof("input")
@@ -130,11 +140,7 @@ def request_from_pb(start: pb.StartGeneration) -> GenerationRequest:
         prompt_text="" if start.return_prompt_text else None,
         tenant=start.tenant,
     )
-    if start.priority:
-        priority = _PRIORITY_CLASS.get(start.priority)
-        if priority is None:
-            raise InvalidArgument("priority", f"unknown priority {start.priority}")
-        req.priority = priority
+    req.priority = priority_class(start.priority)
     if start.HasField("structured_output"):
         req.structured = structured_from_pb(start.structured_output)
     if which == "chat":

@@ -55,6 +55,7 @@ class WorkerMetrics:
 
     def __init__(self) -> None:
         self.requests: dict[str, int] = {}  # by final gRPC code name
+        self.embeds: dict[str, int] = {}  # `Embed` batches, by gRPC code name
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.ttft = Histogram(LATENCY_BUCKETS)
@@ -86,6 +87,11 @@ class WorkerMetrics:
             self.ttft.observe(ttft_s)
         self.queue.observe(queue_s)
         self.e2e.observe(total_s)
+
+    def embedded(self, code: str, prompt_tokens: int) -> None:
+        """An `Embed` batch ended with `code`."""
+        self.embeds[code] = self.embeds.get(code, 0) + 1
+        self.prompt_tokens += prompt_tokens
 
     def watch(self, figures: Callable[[], WorkerFigures]) -> None:
         """Report the gauges and totals of `figures()`, called at scrape time."""
@@ -119,8 +125,16 @@ class _Collector(Collector):
         for code, n in sorted(m.requests.items()):
             requests.add_metric([code], n)
         yield requests
+        embeds = CounterMetricFamily(
+            PREFIX + "embed_requests", "Embed batches by gRPC status code", labels=["code"]
+        )
+        for code, n in sorted(m.embeds.items()):
+            embeds.add_metric([code], n)
+        yield embeds
         yield CounterMetricFamily(
-            PREFIX + "prompt_tokens", "Prompt tokens processed", value=m.prompt_tokens
+            PREFIX + "prompt_tokens",
+            "Prompt tokens processed (generations, embeddings)",
+            value=m.prompt_tokens,
         )
         yield CounterMetricFamily(
             PREFIX + "generation_tokens", "Tokens generated", value=m.completion_tokens

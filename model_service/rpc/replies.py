@@ -1,5 +1,5 @@
-"""The replies of `ListModels`, `LoadAdapter`, `GetStats` and `WatchLoad`, domain to
-protobuf."""
+"""The replies of `ListModels`, `LoadAdapter`, `Embed`, `GetStats` and `WatchLoad`, domain
+to protobuf."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from collections.abc import Iterable
 
 from generated import sluice_pb2 as pb
 from model_service.types import Adapter, EngineStats, LoadFigures, ModelInfo
+
+TASKS = {"generate": pb.TASK_GENERATE, "embed": pb.TASK_EMBED}
 
 
 def models_to_pb(base: ModelInfo, adapters: Iterable[Adapter], slots: int) -> pb.ListModelsResponse:
@@ -30,6 +32,17 @@ def model_info_to_pb(info: ModelInfo) -> pb.ModelInfo:
         engine=info.engine,
         version=info.version,
         default_max_tokens=info.default_max_tokens,
+        task=TASKS[info.task],
+        embedding_size=info.embedding_size,
+    )
+
+
+def embeddings_to_pb(vectors: list[list[float]], tokens: list[int]) -> pb.EmbedResponse:
+    """`Embed`'s reply: a vector and its input's tokens per input, the tokens summed."""
+    pairs = zip(vectors, tokens, strict=True)
+    return pb.EmbedResponse(
+        embeddings=[pb.Embedding(values=v, prompt_tokens=n) for v, n in pairs],
+        usage=pb.Usage(prompt_tokens=sum(tokens)),
     )
 
 

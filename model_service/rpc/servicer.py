@@ -14,6 +14,7 @@ from generated import sluice_pb2_grpc as pb_grpc
 from model_service.core import WorkerCore
 from model_service.errors import SluiceError, Unavailable
 from model_service.intake import decode
+from model_service.intake.embed import embed_request_from_pb
 from model_service.intake.validation import validate_request
 from model_service.rpc import replies
 from model_service.rpc.cache import watch_cache
@@ -99,6 +100,16 @@ class GenerationServicer(pb_grpc.GenerationServicer):
             await abort_with(context, err)
         return pb.TokenizeResponse(token_ids=ids, count=len(ids), max_model_len=info.max_model_len)
 
+    async def Embed(
+        self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext
+    ) -> pb.EmbedResponse:
+        try:
+            req = embed_request_from_pb(request)
+            vectors, tokens = await self.core.embed(req)
+        except SluiceError as err:
+            await abort_with(context, err)
+        return replies.embeddings_to_pb(vectors, tokens)
+
     async def GetStats(
         self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext
     ) -> pb.WorkerStats:
@@ -178,6 +189,11 @@ def method_handlers(servicer: GenerationServicer) -> dict[str, grpc.RpcMethodHan
             servicer.Tokenize,
             request_deserializer=pb.TokenizeRequest.FromString,
             response_serializer=pb.TokenizeResponse.SerializeToString,
+        ),
+        "Embed": grpc.unary_unary_rpc_method_handler(
+            servicer.Embed,
+            request_deserializer=pb.EmbedRequest.FromString,
+            response_serializer=pb.EmbedResponse.SerializeToString,
         ),
         "GetStats": grpc.unary_unary_rpc_method_handler(
             servicer.GetStats,

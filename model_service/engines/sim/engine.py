@@ -11,11 +11,12 @@ import os
 import time
 from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from model_service.engines import reasoning
 from model_service.engines.base import Engine, Reasoner
 from model_service.engines.events import CacheLog, Layout
+from model_service.engines.sim import pooling
 from model_service.engines.sim.cache import PrefixCache
 from model_service.engines.sim.faults import Faults
 from model_service.engines.sim.structured import pieces, structured_text
@@ -36,6 +37,7 @@ from model_service.engines.sim.text import (
 from model_service.errors import EngineError
 from model_service.types import (
     Adapter,
+    EmbedRequest,
     EngineOutput,
     EngineStats,
     FinishReason,
@@ -96,6 +98,10 @@ class SimEngine(Engine):
             default_max_tokens=config.default_max_tokens,
             vocab_size=1 << 16,  # `word_id`: a 2-byte hash of the word
         )
+        if config.runner == "pooling":
+            self._info = replace(
+                self._info, task="embed", embedding_size=self._opts.embedding_size, matryoshka=True
+            )
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -138,6 +144,12 @@ class SimEngine(Engine):
             return None
         given = request.prompt is not None or request.messages is not None
         return prompt_logprobs(ids, words(self._prompt_text(request)) if given else None, k)
+
+    async def embed(self, request: EmbedRequest, ids: list[list[int]]) -> list[list[float]]:
+        if self._opts.ttft_s > 0:  # one prefill for the batch
+            await asyncio.sleep(self._opts.ttft_s)
+        size, dims, norm = self._opts.embedding_size, request.dimensions, request.normalize
+        return [pooling.embed(one, size, dims, norm) for one in ids]
 
     def reasoner(self) -> Reasoner | None:
         if self._reasoning is None:

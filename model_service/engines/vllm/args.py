@@ -84,6 +84,8 @@ def build_engine_args(config: EngineConfig) -> Any:
         # class it is first come, first served, as the default policy is.
         "scheduling_policy": "priority",
     }
+    if config.runner == "pooling":  # a decoder model converted to an embedding model
+        kwargs.update(runner="pooling", convert="embed")
     if config.max_loras:
         # Every adapter the worker holds stays resident (CPU cache = batch slots = the
         # worker's slots), so vLLM never evicts one the worker still lists.
@@ -180,6 +182,7 @@ def describe(args: Any) -> str:
     """The engine args that matter, for the start-up log line."""
     keys = (
         "model",
+        "runner",
         "max_model_len",
         "max_num_seqs",
         "dtype",

@@ -23,6 +23,7 @@ from model_service.types import (
     Adapter,
     ChatMessage,
     CompileJob,
+    EmbedRequest,
     EngineOutput,
     EngineStats,
     FinishReason,
@@ -116,13 +117,18 @@ class VllmEngine(Engine):
         self._collector.max_running = llm.vllm_config.scheduler_config.max_num_seqs * dp
         cache = llm.vllm_config.cache_config  # its block count comes from the engine core
         self._collector.kv_cache_tokens = (cache.num_gpu_blocks or 0) * (cache.block_size or 0)
+        mc = llm.model_config
+        pooling = self.config.runner == "pooling"
         return ModelInfo(
             id=self.config.model_name,
-            max_model_len=llm.model_config.max_model_len,
+            max_model_len=mc.max_model_len,
             engine=self.name,
             version=self.config.version,
             default_max_tokens=self.config.default_max_tokens,
-            vocab_size=llm.model_config.get_vocab_size(),
+            vocab_size=mc.get_vocab_size(),
+            task="embed" if pooling else "generate",
+            embedding_size=mc.embedding_size if pooling else 0,
+            matryoshka=pooling and mc.is_matryoshka,
         )
 
     async def _warm_up(self) -> None:
@@ -132,6 +138,10 @@ class VllmEngine(Engine):
         req = GenerationRequest("sluice-warm-up", SamplingParams(max_tokens=1, logprobs=1))
         req.prompt = "Hello"
         req.prompt_token_ids = await self.tokenize(req)
+        if self.config.runner == "pooling":  # generates nothing: one embedding instead
+            await self.embed(EmbedRequest("sluice-warm-up", []), [req.prompt_token_ids])
+            log.info("vLLM warm-up took %.1fs", time.monotonic() - started)
+            return
         async for _ in self.generate(req):
             pass
         # vLLM's structured-output checks import their modules on first use (with the
@@ -257,6 +267,13 @@ class VllmEngine(Engine):
         first = TokenLogprob(ids[0], 0.0, text=self._tokenizer.decode([ids[0]])) if ids else None
         rest = _logprobs(list(positions)[1:], ids[1:], k)
         return [first, *rest] if first is not None else rest
+
+    async def embed(self, request: EmbedRequest, ids: list[list[int]]) -> list[list[float]]:
+        if self._llm is None:
+            raise Unavailable("engine is not ready yet")
+        from model_service.engines.vllm import pooling
+
+        return await pooling.embed(self._llm, request, ids)
 
     async def load_adapter(self, adapter: Adapter) -> None:
         if self._llm is None:
