@@ -28,6 +28,7 @@ _TRANSPORT_DETAIL = re.compile(
 # Contract field paths -> OpenAI request parameter names.
 _FIELD_RENAMES = {
     "chat.messages": "messages",
+    "inputs": "input",  # `Embed`
     "prompt_tokens": "prompt",
     "chat.tools": "tools",
     "chat.tool_choice": "tool_choice",

@@ -15,7 +15,7 @@ import orjson
 
 from edge.errors import invalid
 
-Endpoint = Literal["chat", "completion", "responses", "messages"]
+Endpoint = Literal["chat", "completion", "responses", "messages", "embeddings"]
 Disposition = Literal["served", "ignored", "refused"]
 
 
@@ -225,11 +225,34 @@ MESSAGES: dict[str, Field] = {
     "context_management": refused("no context editing"),
 }
 
+# `/v1/embeddings`, served by pooling workers only.
+EMBEDDINGS: dict[str, Field] = {
+    "model": served("an embedding model's name; empty picks the only one"),
+    "input": served("a string, token ids, or a list of either (up to 2048 inputs, none empty)"),
+    "encoding_format": served("float or base64 (little-endian float32, as the SDK decodes)"),
+    "dimensions": served("models with Matryoshka embeddings only (else a 400)"),
+    "user": ignored("no session affinity for embeddings"),
+    "service_tier": served("maps to a priority class"),
+    "truncate_prompt_tokens": served(
+        "vLLM's: a longer input keeps this many tokens (-1: the context); unset, an input "
+        "over the context is a 400"
+    ),
+    "truncation_side": served("vLLM's: right (keeps the first tokens, the default) or left"),
+    "use_activation": served("vLLM's: false returns vectors unnormalized"),
+    "add_special_tokens": refused("texts are tokenized with the model's special tokens", True),
+    "embed_dtype": refused("vectors are float32", "float32"),
+    "endianness": refused("base64 is little-endian", "native", "little"),
+    "request_id": ignored("the edge names its requests"),
+    "priority": ignored("vLLM's number; classes come from X-Sluice-Priority or service_tier"),
+    "cache_salt": ignored("the workers' prefix caches are per worker, not per tenant"),
+}
+
 TABLES: dict[Endpoint, dict[str, Field]] = {
     "chat": CHAT,
     "completion": COMPLETION,
     "responses": RESPONSES,
     "messages": MESSAGES,
+    "embeddings": EMBEDDINGS,
 }
 
 
@@ -247,7 +270,8 @@ def check(endpoint: Endpoint, body: dict[str, Any]) -> None:
 
 
 _TITLES = {"chat": "/v1/chat/completions", "completion": "/v1/completions",
-           "responses": "/v1/responses", "messages": "/v1/messages"}  # fmt: skip
+           "responses": "/v1/responses", "messages": "/v1/messages",
+           "embeddings": "/v1/embeddings"}  # fmt: skip
 BEGIN, END = "<!-- fields:begin -->", "<!-- fields:end -->"
 
 

@@ -12,7 +12,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from edge.api import admin, generate, pages, render, stored
+from edge.api import admin, embeddings, generate, pages, render, stored
 from edge.api.state import EdgeState
 from edge.errors import ApiError, error_response, internal_error
 from edge.obs.record import record_of
@@ -33,6 +33,7 @@ GENERATION_ROUTES: dict[str, tuple[frozenset[str], Endpoint]] = {
     "/v1/chat/completions/render": (POST, lambda s, r: render.render(s, r, "chat")),
     "/v1/completions/render": (POST, lambda s, r: render.render(s, r, "completion")),
     "/v1/messages/count_tokens": (POST, render.count_tokens),
+    "/v1/embeddings": (POST, embeddings.embeddings),  # pooling workers only
 }
 PAGE_ROUTES = [
     Route("/", pages.chat_page, methods=["GET"]),

@@ -23,6 +23,7 @@ from edge.routing.prefix import Prompt
 from edge.routing.scores import weighted_hrw, weighted_random
 from edge.upstream.channel import ChannelFactory
 from edge.upstream.worker import UNKNOWN, Worker
+from generated import sluice_pb2 as pb
 
 log = logging.getLogger("sluice.edge")
 
@@ -124,6 +125,7 @@ class PoolRegistry:
         prefer_pool: str = "",
         pool: str = "",
         prompt: Prompt | None = None,
+        task: pb.ModelTask = pb.TASK_GENERATE,
     ) -> Worker:
         """A worker for a new generation (or a retry: `exclude` holds addresses tried).
 
@@ -132,14 +134,20 @@ class PoolRegistry:
         policy (`prompt` feeds `cache_aware`). `pool` (a pinned session) picks in that pool
         only, whatever its weight; `prefer_pool` (a failover) stays in that pool while it
         has candidates. Draining pools take nothing new. Raises ApiError: 404 when SERVING
-        workers exist but none has `model`, else 503.
+        workers exist but none has `model`, 400 when those that have it
+        serve another `task` (an embedding model for a generation, or the reverse), else 503.
         """
         now = time.monotonic()
+        named = pool or prefer_pool
         for level in _LEVELS:
-            groups = self._groups(model, exclude, level, now, pool or prefer_pool, bool(pool))
+            groups = self._groups(model, exclude, level, now, named, bool(pool), task)
             if groups:
                 return self._choose(groups, key, prefer_pool, prompt)
         serving = [w for w in self.workers if w.serving and not w.removed]
+        other: pb.ModelTask = pb.TASK_EMBED if task == pb.TASK_GENERATE else pb.TASK_GENERATE
+        if serving and not any(_serves(w, model, task) for w in serving):
+            if any(w.models and _serves(w, model, other) for w in serving):
+                raise wrong_task(model, task)
         if model and serving and not any(_has_model(w, model) for w in serving):
             names = sorted({m.id for w in serving for m in w.models})
             raise ApiError(
@@ -158,6 +166,7 @@ class PoolRegistry:
         now: float,
         named: str = "",
         only: bool = False,
+        task: pb.ModelTask = pb.TASK_GENERATE,
     ) -> list[Group]:
         groups: list[Group] = []
         for pool in self.pools.values():
@@ -168,7 +177,7 @@ class PoolRegistry:
             ws = [
                 w
                 for w in pool.workers.values()
-                if w.address not in exclude and ok(w, now) and _has_model(w, model)
+                if w.address not in exclude and ok(w, now) and _serves(w, model, task)
             ]
             if model and len(ws) > 1:  # adapter affinity: where it is at work already
                 ws = [w for w in ws if w.warm(model)] or ws
@@ -365,6 +374,24 @@ class PoolRegistry:
 
 def _has_model(worker: Worker, model: str) -> bool:
     return not model or not worker.models or any(m.id == model for m in worker.models)
+
+
+def _serves(worker: Worker, model: str, task: pb.ModelTask) -> bool:
+    """It lists `model` (any, for "") for `task`; one whose models are not listed yet is
+    taken for a generating worker, as before embeddings."""
+    if not worker.models:
+        return task == pb.TASK_GENERATE
+    return any((not model or m.id == model) and m.task == task for m in worker.models)
+
+
+def wrong_task(model: str, task: pb.ModelTask) -> ApiError:
+    """A request for a model that serves the other task: a 400 saying which route fits."""
+    name = repr(model) if model else "the model here"
+    if task == pb.TASK_EMBED:
+        why = f"{name} generates and serves no embeddings (a pooling worker does)"
+    else:
+        why = f"{name} is an embedding model: it serves /v1/embeddings only"
+    return ApiError(400, why, param="model", code="model_not_supported")
 
 
 def registry_from_config(config: RoutingConfig, channels: ChannelFactory) -> PoolRegistry:

@@ -24,7 +24,14 @@ from edge.store.memory import TokenBucket
 __all__ = ["LimitsMiddleware", "TokenBucket", "rate_limited"]
 
 GENERATION_PATHS = frozenset(
-    {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/streams"}
+    {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/responses",
+        "/v1/messages",
+        "/v1/streams",
+        "/v1/embeddings",  # counted as a generation: a slot, its tokens, the budget
+    }
 )
 CONCURRENCY_RETRY_S = 1.0  # no way to know when a stream ends: a plain hint
 # A stream slot's lease in the store lapses this long after its holder stops renewing

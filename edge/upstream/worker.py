@@ -35,6 +35,7 @@ WATCH_BACKOFF_S = (0.05, 2.0)  # first and longest wait between Watch attempts
 LIST_MODELS_TIMEOUT_S = 5.0
 ADAPTER_TIMEOUT_S = 60.0  # a load reads the adapter's weights
 LOAD_HEARTBEAT_S = 1.0  # the longest gap between load pushes we ask for
+Metadata = tuple[tuple[str, str], ...] | None  # a call's invocation metadata
 
 
 def worker_key(address: str) -> str:
@@ -271,6 +272,16 @@ class Worker:
         except grpc.aio.AioRpcError as err:
             raise from_rpc_error(err) from None
         return list(resp.token_ids)
+
+    async def embed(
+        self, request: pb.EmbedRequest, timeout_s: float, metadata: Metadata = None
+    ) -> pb.EmbedResponse:
+        """The worker's `Embed`, counted in its in-flight calls. Raises AioRpcError."""
+        self.in_flight += 1
+        try:
+            return await self.stub.Embed(request, timeout=timeout_s, metadata=metadata)
+        finally:
+            self.in_flight -= 1
 
     async def _watch_load(self) -> None:
         """Follow the worker's load pushes while it serves (module docstring)."""
