@@ -139,16 +139,24 @@ class WorkerCore:
             raise
         return gen
 
-    async def embed(self, req: EmbedRequest) -> tuple[list[list[float]], list[int]]:
+    async def embed(
+        self, req: EmbedRequest, trace_id: str = ""
+    ) -> tuple[list[list[float]], list[int]]:
         """A batch's vectors and each input's tokens: checked, admitted as one generation
         (it takes one place and one batch slot, in its class's turn), then embedded.
         Raises SluiceError."""
+        if not req.request_id:
+            req.request_id = uuid.uuid4().hex
+        record = {"request_id": req.request_id, "trace_id": trace_id, "inputs": len(req.inputs)}
         try:
             vectors, tokens = await self._embed(req)
         except SluiceError as err:
             self.metrics.embedded(err.code.name, 0)
+            log.log(self._record_level, "embed refused: %s", err.message, extra=record)
             raise
         self.metrics.embedded("OK", sum(tokens))
+        record["prompt_tokens"] = sum(tokens)
+        log.log(self._record_level, "embed ended", extra=record)
         return vectors, tokens
 
     async def _embed(self, req: EmbedRequest) -> tuple[list[list[float]], list[int]]:
@@ -156,8 +164,6 @@ class WorkerCore:
             raise Unavailable("worker is draining" if self.draining else "engine is not ready yet")
         model = self.engine.model_info
         embed.validate_embed(req, model, self.config.limits)
-        if not req.request_id:
-            req.request_id = uuid.uuid4().hex
         ids = await embed.token_ids(req, self.engine, model)
         ticket = self.admission.admit(self.engine.stats(), req.priority, req.tenant)
         displaced: list[SluiceError] = []

@@ -24,14 +24,17 @@ from edge.api.pages import ORJSONResponse
 from edge.api.schema import decode_body
 from edge.api.state import EdgeState
 from edge.errors import ApiError, from_rpc_error, from_status, invalid
+from edge.obs.outcomes import CANCELLED, OK
 from edge.obs.record import record_of
+from edge.upstream.failover import PASSIVE_FAILURES
 from edge.upstream.worker import Worker
 from generated import sluice_pb2 as pb
 from sluice_common.contract import TRACE_KEY
 
 MAX_INPUTS = 2048  # OpenAI's limit
 UINT32_MAX = 2**32 - 1
-# Statuses after which the same request may go to another worker: nothing was embedded.
+# Statuses after which the same request may go to another worker: nothing was embedded
+# (UNKNOWN: a worker killed mid-call).
 RETRIED = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNKNOWN}
 )
@@ -200,15 +203,23 @@ async def _call(
                 raise
             raise last from None  # no other worker: the last one's answer
         tried.append(worker.address)
+        outcome = CANCELLED  # unless it ends otherwise (the client left)
         try:
-            return worker, await worker.embed(msg, timeout, ((TRACE_KEY, trace),))
+            reply = await worker.embed(msg, timeout, ((TRACE_KEY, trace),))
+            outcome = OK
+            return worker, reply
         except grpc.aio.AioRpcError as err:
             code = err.code()
             state.metrics.upstream_errors[code.name] += 1
             last = from_rpc_error(err)
+            outcome = last.code or "upstream_error"
+            if outcome in PASSIVE_FAILURES:
+                worker.failed()
             if code not in RETRIED or len(tried) >= routing.max_tries:
                 raise last from None
             if time.monotonic() >= deadline:
                 raise last from None
         finally:
+            # The pool's outcomes as a generation's attempts (no TTFT: nothing streams).
+            registry.pool_metrics(worker.pool).outcome(outcome, None)
             registry.released(worker)

@@ -16,6 +16,7 @@ from model_service.errors import SluiceError, Unavailable
 from model_service.intake import decode
 from model_service.intake.embed import embed_request_from_pb
 from model_service.intake.validation import validate_request
+from model_service.obs.logs import trace_id
 from model_service.rpc import replies
 from model_service.rpc.cache import watch_cache
 from model_service.rpc.load import LoadReporter, intervals
@@ -105,7 +106,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
     ) -> pb.EmbedResponse:
         try:
             req = embed_request_from_pb(request)
-            vectors, tokens = await self.core.embed(req)
+            vectors, tokens = await self.core.embed(req, trace_id(context.invocation_metadata()))
         except SluiceError as err:
             await abort_with(context, err)
         return replies.embeddings_to_pb(vectors, tokens)

@@ -263,6 +263,18 @@ def test_auth_limits_and_usage_apply(fleet: Fleet) -> None:
     text = httpx.get(f"{fleet.base}/metrics", headers=admin, timeout=5).text
     line = 'sluice_edge_requests_total{route="/v1/embeddings",status="429"} 1'
     assert line in text.splitlines()
+    # Each call to a worker is an attempt of its pool, as a generation's.
+    ok = 'sluice_edge_pool_requests_total{pool="default",outcome="ok"}'
+    before = metric(fleet.base, ok, admin)
+    assert fleet.post(body, "beta").status_code == 200
+    assert metric(fleet.base, ok, admin) == before + 1
+
+
+def metric(base: str, name: str, headers: dict[str, str]) -> float:
+    for line in httpx.get(f"{base}/metrics", headers=headers, timeout=5).text.splitlines():
+        if line.startswith(f"{name} "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 def _limited(r: httpx.Response) -> tuple[int, str]:
