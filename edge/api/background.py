@@ -39,7 +39,7 @@ Doc = dict[str, Any]
 
 def response_format(run: dict[str, Any]) -> ResponsesFormat:
     """The renderer of a background response's events, as every replica makes it."""
-    fmt = ResponsesFormat(run["generation"], run["model"], run["created"], run["echo"])
+    fmt = ResponsesFormat(run["request_id"], run["model"], run["created"], run["echo"])
     fmt.messages = run["messages"]
     return fmt
 
@@ -78,7 +78,8 @@ async def follow(state: EdgeState, key: str, doc: Doc, call: UpstreamCall) -> Do
             fmt.collect(msg.chunk, fmt.logprobs(msg.chunk) if logprobs else None)
             if not started:
                 started = True
-                run["worker"] = call.worker.key  # where it runs now (a retry moves it)
+                # Where it runs now: a retry before the first token moves it.
+                run["worker"], run["generation"] = call.worker.key, call.request_id
                 await _put(state, key, {**doc, "response": fmt.snapshot("in_progress")})
     except ApiError as err:
         error = {"code": err.code or "server_error", "message": err.message}
@@ -96,7 +97,7 @@ async def follow(state: EdgeState, key: str, doc: Doc, call: UpstreamCall) -> Do
     doc = {**doc, "response": response}
     if await _put(state, key, doc) and final is not None and state.usage is not None:
         rec = RequestRecord("/v1/responses", caller=run["owner_name"], tenant=run["tenant"],
-                            model=run["model"], generation=run["generation"])  # fmt: skip
+                            model=run["model"], generation=run["request_id"])  # fmt: skip
         u = final.usage
         rec.prompt_tokens, rec.completion_tokens = u.prompt_tokens, u.completion_tokens
         rec.cached_tokens = u.cached_prompt_tokens
@@ -128,7 +129,8 @@ async def launch(
         raise
     req, rec = p.req, record_of(request.scope)
     run = {
-        "worker": call.worker.key, "generation": call.request_id, "model": model,
+        "request_id": p.request_id, "worker": call.worker.key, "generation": call.request_id,
+        "model": model,
         "created": int(p.request_id[:8], 16), "echo": req.echo,
         "messages": req.return_prompt_text, "owner": p.owner.hex(), "body": p.body.hex(),
         "owner_name": rec.caller or "", "tenant": rec.tenant,
@@ -161,8 +163,8 @@ def _reader(
                     bytes.fromhex(run["body"]))  # fmt: skip
     cfg = state.config.stream
     job = Job(
-        request_id=run["generation"],
-        trace_id=run["generation"],
+        request_id=run["request_id"],
+        trace_id=run["request_id"],
         call=_resume_call(state, run, run["generation"]),
         fmt=response_format(run),
         model=run["model"],
@@ -192,9 +194,8 @@ async def _adopt(state: EdgeState, key: str, doc: Doc) -> None:
         return
     try:
         call = _resume_call(state, doc["run"], doc["run"]["generation"])
-    except ApiError as err:  # its worker is gone: so is the generation
-        await _put(state, key, {**doc, "response": {**doc["response"], "status": "failed",
-                                "error": {"code": err.code, "message": err.message}}})  # fmt: skip
+    except ApiError:  # a worker this replica does not know: left to one that does
+        log.warning("background response %s: its worker is unknown here", key)
         return
     log.info("following background response %s (its run lease lapsed)", key)
     if not state.background.start(key, follow(state, key, doc, call), stored.store_of(state)):
