@@ -83,6 +83,9 @@ async def follow(state: EdgeState, key: str, doc: Doc, call: UpstreamCall) -> Do
                 await _put(state, key, {**doc, "response": fmt.snapshot("in_progress")})
     except ApiError as err:
         error = {"code": err.code or "server_error", "message": err.message}
+    except Exception:
+        log.exception("background response %s failed in the edge", key)
+        error = {"code": "internal_error", "message": "internal error in the edge"}
     finally:
         call.cancel()
     failure = final_error(final) if final is not None else None
