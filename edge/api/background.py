@@ -57,7 +57,7 @@ async def _put(state: EdgeState, key: str, doc: Doc) -> bool:
     return True
 
 
-async def follow(state: EdgeState, key: str, doc: Doc, call: UpstreamCall) -> Doc | None:
+async def follow(state: EdgeState, key: str, doc: Doc, call: UpstreamCall) -> Doc:
     """Read the generation to its end through the Responses format and keep the terminal
     response (`completed`, `incomplete`, `cancelled` or `failed`) in the stored document;
     its usage goes to the ledger (once per generation, whoever follows it)."""
@@ -152,13 +152,11 @@ async def launch(
     release = keep() if keep is not None else None
     state.background.start(key, follow(state, key, doc, call), stored.store_of(state), release)
     if req.stream:
-        return _reader(state, request, doc, -1, "")
+        return _reader(state, doc, -1, "")
     return ORJSONResponse(doc["response"])
 
 
-def _reader(
-    state: EdgeState, request: Request, doc: Doc, after: int, resumed: str
-) -> GenerationResponse:
+def _reader(state: EdgeState, doc: Doc, after: int, resumed: str) -> GenerationResponse:
     """The response's events after `sequence_number` `after`, replayed from the worker's
     log: the same bytes on every replica and every read."""
     run = doc["run"]
@@ -233,7 +231,7 @@ async def response(request: Request) -> Response | GenerationResponse:
     key = stored.doc_key(stored.owner_of(request), response_id)
     await _adopt(state, key, doc)
     if stream == "true":
-        return _reader(state, request, doc, after, "background")
+        return _reader(state, doc, after, "background")
     return ORJSONResponse(doc["response"])
 
 
