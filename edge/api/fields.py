@@ -57,7 +57,10 @@ _SAMPLING: dict[str, Field] = {
     "n": served("up to 16"),
     "best_of": served("only equal to `n`"),
     "stream": served(),
-    "stream_options": served("`include_usage`, `continuous_usage_stats`"),
+    "stream_options": served(
+        "`include_usage`; `continuous_usage_stats` (with `include_usage`): usage in every"
+        " chunk, the prompt's count on those before any token"
+    ),
     "user": served("also the session key for affinity"),
     "service_tier": served("maps to a priority class"),
     "response_format": served("text, json_object, json_schema"),
@@ -125,7 +128,10 @@ CHAT: dict[str, Field] = {
     "continue_final_message": served("vLLM's: the final message left open (a prefill)"),
     "add_special_tokens": refused("the chat template places special tokens", False),
     "chat_template": refused("the worker's template only"),
-    "chat_template_kwargs": served("vLLM's: extra template variables"),
+    "chat_template_kwargs": served(
+        "vLLM's: extra template variables; the request's own `add_generation_prompt`,"
+        " `continue_final_message` and `documents` win over the same names there"
+    ),
     "documents": served("vLLM's: for templates that take them"),
     "mm_processor_kwargs": refused(_NO_MM, {}),
     "media_io_kwargs": refused(_NO_MM, {}),
@@ -144,9 +150,15 @@ COMPLETION: dict[str, Field] = {
         " numbered prompt by prompt)"
     ),
     **_SAMPLING,
-    "max_tokens": served("default 16, as OpenAI and vLLM"),
+    "max_tokens": served(
+        "default 16, as OpenAI and vLLM; 0 with `echo`: the prompt alone (vLLM's: one token"
+        " generated and counted, not shown)"
+    ),
     "logprobs": served("up to 20"),
-    "echo": served("vLLM's: the prompt before the text (and its logprobs, with `logprobs`)"),
+    "echo": served(
+        "vLLM's: the prompt before the text (and its logprobs, with `logprobs`); token ids"
+        " as the worker decodes them"
+    ),
     "suffix": refused("no fill-in-the-middle", ""),
     "prompt_embeds": refused("text prompts only"),
     "add_special_tokens": refused("the tokenizer's default only", True),
