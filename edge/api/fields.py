@@ -193,6 +193,16 @@ RESPONSES: dict[str, Field] = {
         "vLLM's: `input_messages`, `output_messages` (text and token ids) on the final response"
     ),
 }
+RESPONSES |= {
+    "structured_outputs": served("vLLM's, as on chat; not with `text.format`"),
+    "chat_template_kwargs": CHAT["chat_template_kwargs"],
+    "include_reasoning": CHAT["include_reasoning"],
+    "previous_input_messages": refused(
+        "vLLM's harmony-format history; use `input` items or `previous_response_id`"
+    ),
+    "mm_processor_kwargs": refused(_NO_MM, {}),
+    "media_io_kwargs": refused(_NO_MM, {}),
+}
 _TOKEN_IDS = served("vLLM's: `prompt_token_ids` and each choice's `token_ids`")
 CHAT["return_token_ids"] = COMPLETION["return_token_ids"] = _TOKEN_IDS
 RESPONSES["return_token_ids"] = refused("chat and completions only", False)
@@ -200,9 +210,8 @@ RESPONSES["prompt_logprobs"] = refused("chat and completions only")
 # Chat's names that are not the Responses API's: refused as such.
 for _name in ("n", "stop", "stream_options", "response_format", "logprobs"):
     RESPONSES[_name] = refused("not a Responses API parameter")
-for _name in ("structured_outputs", "guided_json", "guided_regex", "guided_choice"):
+for _name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar"):
     RESPONSES.pop(_name)
-RESPONSES.pop("guided_grammar")
 
 # Anthropic's Messages API (`/v1/messages`, and `/v1/messages/count_tokens` by the same table).
 MESSAGES: dict[str, Field] = {

@@ -162,3 +162,21 @@ def test_named_tool_cut_by_max_tokens_returns_no_call(client: openai.OpenAI) -> 
     calls = whole.choices[0].message.tool_calls
     assert calls and len(calls) == 1
     Trip.model_validate_json(calls[0].function.arguments)
+
+
+def test_responses_serve_vllms_structured_outputs(client: openai.OpenAI) -> None:
+    """vLLM's `structured_outputs` on the Responses API (as on chat); with `text.format`
+    a 400 naming it, as vLLM's."""
+    so = {"structured_outputs": {"choice": ["Nile", "Danube"]}}
+    answers = {
+        client.responses.create(
+            model="", input="A river?", extra_body={**so, "seed": s}
+        ).output_text
+        for s in range(4)
+    }
+    assert answers <= {"Nile", "Danube"} and answers
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.create(
+            model="", input="A river?", text={"format": {"type": "json_object"}}, extra_body=so
+        )
+    assert info.value.body["param"] == "structured_outputs"  # type: ignore[index]
