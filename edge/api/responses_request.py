@@ -180,6 +180,10 @@ def parse_responses(body: dict[str, Any]) -> GenRequest:
     if store is not None and not isinstance(store, bool):
         raise invalid("store", "'store' must be a boolean")
     req.echo["store"] = bool(store)  # kept only when asked (OpenAI's default is true)
+    reasoning = body.get("reasoning")  # ignored (no reasoning parser needs it), echoed
+    if reasoning is not None and not isinstance(reasoning, dict):
+        raise invalid("reasoning", "'reasoning' must be an object")
+    req.echo["reasoning"] = reasoning
     _extras(body, req)
     return req
 

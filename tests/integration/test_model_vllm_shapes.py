@@ -22,7 +22,7 @@ import pytest
 
 from tests.integration.conftest import MAX_MODEL_LEN
 from tests.integration.edge_fixtures import EDGE_ENV, wait_ready
-from tests.integration.vllm_shapes_cases import CASES, ERRORS, KNOWN, SAME, STREAMS
+from tests.integration.vllm_shapes_cases import ASK, CASES, ERRORS, FIXED, KNOWN, SAME, STREAMS
 from tests.procs import Proc, start_edge
 
 pytestmark = pytest.mark.model
@@ -209,3 +209,35 @@ def test_streams_have_vllms_shape(
     only_vllm = set(shape_b["paths"]) - set(shape_a["paths"])
     got = {("ours", p) for p in only_ours} | {("vllm", p) for p in only_vllm}
     assert got == KNOWN.get(case, set())
+
+
+def test_an_unknown_field_is_refused_here_and_ignored_by_vllm(
+    ours: openai.OpenAI, theirs: openai.OpenAI, model: str
+) -> None:
+    """Issue 24 #13, an intended difference: vLLM's server ignores a field it does not
+    know (a misspelt `max_token` silently becomes the default); ours is a 400 naming it."""
+    body = {"model": model, "messages": ASK, "max_tokens": 1, "max_token": 3}
+    answer = _post(theirs, "chat/completions", body)
+    assert answer["usage"]["completion_tokens"] == 1
+    with pytest.raises(openai.BadRequestError) as err:
+        _post(ours, "chat/completions", body)
+    assert err.value.response.json()["error"]["param"] == "max_token"
+
+
+def test_the_sdks_stream_helper_assembles_the_same_answer(
+    ours: openai.OpenAI, theirs: openai.OpenAI, model: str
+) -> None:
+    """Issue 24 #16: our finish reason on an empty-delta chunk of its own (OpenAI's
+    layout; vLLM's on the last token's chunk) is assembled by the SDK's stream helper as
+    vLLM's is: the text its events gave, the finish reason, the counts."""
+
+    def assembled(client: openai.OpenAI) -> tuple[Any, ...]:
+        kw: Any = {"model": model, "messages": ASK, **_split(client.chat.completions.create, FIXED)}
+        with client.chat.completions.stream(**kw, stream_options={"include_usage": True}) as s:
+            texts = [e.delta for e in s if e.type == "content.delta"]
+            final = s.get_final_completion()
+        choice, usage = final.choices[0], final.usage
+        assert usage is not None and choice.message.content == "".join(texts)
+        return choice.finish_reason, usage.prompt_tokens, usage.completion_tokens, len(texts) > 0
+
+    assert assembled(ours) == assembled(theirs)
