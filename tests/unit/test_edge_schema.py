@@ -250,4 +250,3 @@ def test_completions_echo_of_token_ids_asks_the_worker_for_the_prompts_text() ->
     text = parse_completion(completion(echo=True, prompt="hi"))
     got = [(r.to_start("r").return_prompt_text, r.max_tokens, r.prompt_only) for r in (ids, text)]
     assert got == [(True, 1, True), (False, 16, False)]
-
