@@ -235,7 +235,7 @@ def test_the_sdks_stream_helper_assembles_the_same_answer(
         kw: Any = {"model": model, "messages": ASK, **_split(client.chat.completions.create, FIXED)}
         with client.chat.completions.stream(**kw, stream_options={"include_usage": True}) as s:
             texts = [e.delta for e in s if e.type == "content.delta"]
-            final = s.get_final_completion()
+            final = s.current_completion_snapshot  # (get_final_completion: no parse at length)
         choice, usage = final.choices[0], final.usage
         assert usage is not None and choice.message.content == "".join(texts)
         return choice.finish_reason, usage.prompt_tokens, usage.completion_tokens, len(texts) > 0
