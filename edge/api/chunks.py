@@ -53,6 +53,7 @@ class ChunkFormat:
         self.prompt_ids: dict[int, list[int]] = {}
         self.prompt_texts: dict[int, str] = {}
         self.prompt_lps: dict[int, list[pb.TokenLogprob]] = {}
+        self.prompt_usage: dict[int, pb.Usage] = {}  # with `continuous_usage`
         self._prompts_noted: set[int] = set()
         self._prompt_sent: set[int] = set()  # of choices (-1: the response's own)
         self._collected: dict[int, Collected] = {}
@@ -100,7 +101,14 @@ class ChunkFormat:
             self.prompt_lps[p] = list(chunk.prompt_logprobs)
         if chunk.prompt_text:
             self.prompt_texts[p] = chunk.prompt_text
+        if chunk.HasField("usage") and p not in self.prompt_usage:  # not a continuation's
+            self.prompt_usage[p] = chunk.usage
         return True
+
+    def opening_usage(self, choice: int) -> pb.Usage | None:
+        """vLLM's continuous usage on a chunk before any token (the role, the echo): the
+        prompt's count, 0 completion tokens."""
+        return self.prompt_usage.get(choice // self.per_prompt) if self.continuous_usage else None
 
     def _shown_prompt_logprobs(self, choice: int = 0) -> list[dict[str, Any] | None] | None:
         if not self.show_prompt_logprobs:
@@ -121,11 +129,13 @@ class ChunkFormat:
     def opening_events(self, seq: int) -> list[Event]:
         """The event that opens a stream, if the format has one: with n > 1 one chunk
         holding every choice's opening (one event, so one id to resume after)."""
-        if self.n == 1 and not self.token_ids and not self.prompt_text:
+        if self.n == 1 and not (self.token_ids or self.prompt_text or self.continuous_usage):
             first = self.opening()
             return [] if first is None else [(None, first)]
         choices = [self._open_choice(c) for c in range(self.n)]
-        return [(None, self._chunk_of(choices, None))] if choices[0] is not None else []
+        if choices[0] is None:
+            return []
+        return [(None, self._chunk_of(choices, self.opening_usage(0)))]
 
     def _open_choice(self, choice: int) -> dict[str, Any] | None:
         return None

@@ -57,7 +57,10 @@ _SAMPLING: dict[str, Field] = {
     "n": served("up to 16"),
     "best_of": served("only equal to `n`"),
     "stream": served(),
-    "stream_options": served("`include_usage`, `continuous_usage_stats`"),
+    "stream_options": served(
+        "`include_usage`; `continuous_usage_stats` (with `include_usage`): usage in every"
+        " chunk, the prompt's count on those before any token"
+    ),
     "user": served("also the session key for affinity"),
     "service_tier": served("maps to a priority class"),
     "response_format": served("text, json_object, json_schema"),
@@ -125,7 +128,10 @@ CHAT: dict[str, Field] = {
     "continue_final_message": served("vLLM's: the final message left open (a prefill)"),
     "add_special_tokens": refused("the chat template places special tokens", False),
     "chat_template": refused("the worker's template only"),
-    "chat_template_kwargs": served("vLLM's: extra template variables"),
+    "chat_template_kwargs": served(
+        "vLLM's: extra template variables; the request's own `add_generation_prompt`,"
+        " `continue_final_message` and `documents` win over the same names there"
+    ),
     "documents": served("vLLM's: for templates that take them"),
     "mm_processor_kwargs": refused(_NO_MM, {}),
     "media_io_kwargs": refused(_NO_MM, {}),
@@ -144,9 +150,15 @@ COMPLETION: dict[str, Field] = {
         " numbered prompt by prompt)"
     ),
     **_SAMPLING,
-    "max_tokens": served("default 16, as OpenAI and vLLM"),
+    "max_tokens": served(
+        "default 16, as OpenAI and vLLM; 0 with `echo`: the prompt alone (vLLM's: one token"
+        " generated and counted, not shown)"
+    ),
     "logprobs": served("up to 20"),
-    "echo": served("vLLM's: the prompt before the text (and its logprobs, with `logprobs`)"),
+    "echo": served(
+        "vLLM's: the prompt before the text (and its logprobs, with `logprobs`); token ids"
+        " as the worker decodes them"
+    ),
     "suffix": refused("no fill-in-the-middle", ""),
     "prompt_embeds": refused("text prompts only"),
     "add_special_tokens": refused("the tokenizer's default only", True),
@@ -183,6 +195,16 @@ RESPONSES: dict[str, Field] = {
         "vLLM's: `input_messages`, `output_messages` (text and token ids) on the final response"
     ),
 }
+RESPONSES |= {
+    "structured_outputs": served("vLLM's, as on chat; not with `text.format`"),
+    "chat_template_kwargs": CHAT["chat_template_kwargs"],
+    "include_reasoning": CHAT["include_reasoning"],
+    "previous_input_messages": refused(
+        "vLLM's harmony-format history; use `input` items or `previous_response_id`"
+    ),
+    "mm_processor_kwargs": refused(_NO_MM, {}),
+    "media_io_kwargs": refused(_NO_MM, {}),
+}
 _TOKEN_IDS = served("vLLM's: `prompt_token_ids` and each choice's `token_ids`")
 CHAT["return_token_ids"] = COMPLETION["return_token_ids"] = _TOKEN_IDS
 RESPONSES["return_token_ids"] = refused("chat and completions only", False)
@@ -190,9 +212,8 @@ RESPONSES["prompt_logprobs"] = refused("chat and completions only")
 # Chat's names that are not the Responses API's: refused as such.
 for _name in ("n", "stop", "stream_options", "response_format", "logprobs"):
     RESPONSES[_name] = refused("not a Responses API parameter")
-for _name in ("structured_outputs", "guided_json", "guided_regex", "guided_choice"):
+for _name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar"):
     RESPONSES.pop(_name)
-RESPONSES.pop("guided_grammar")
 
 # Anthropic's Messages API (`/v1/messages`, and `/v1/messages/count_tokens` by the same table).
 MESSAGES: dict[str, Field] = {

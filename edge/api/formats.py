@@ -50,7 +50,10 @@ class ChatFormat(ChunkFormat):
     def opening_events(self, seq: int) -> list[Event]:
         out = super().opening_events(seq)
         if self.echo:
-            out += [(None, self._chunk(self._echo_choice(c), None)) for c in range(self.n)]
+            out += [
+                (None, self._chunk(self._echo_choice(c), self.opening_usage(c)))
+                for c in range(self.n)
+            ]
         return out
 
     def _echo_choice(self, choice: int) -> dict[str, Any]:
@@ -128,15 +131,20 @@ class CompletionFormat(ChunkFormat):
         super().__init__(response_id, model, created, include_usage, n)
         self._text_head = self._head + b'[{"index":0,"text":'
         self._offsets: defaultdict[int, int] = defaultdict(int)  # per choice, text_offset
-        self.echo: list[str] | None = None  # each prompt's text (set by the caller)
+        # Each prompt's text (set by the caller); empty: the worker's (`prompt_text`).
+        self.echo: list[str] | None = None
         self.echo_logprobs = False  # with `logprobs`: the prompt's first (set by the caller)
+        self.prompt_only = False  # `max_tokens` 0: the echo alone (set by the caller)
 
     def opening_events(self, seq: int) -> list[Event]:
         """With `echo`, a chunk per choice holding the prompt (and its logprobs) opens the
         stream, so that a resume after it never sends it twice."""
         out = super().opening_events(seq)
         if self.echo is not None:
-            out += [(None, self._chunk(self._echo_choice(c), None)) for c in range(self.n)]
+            out += [
+                (None, self._chunk(self._echo_choice(c), self.opening_usage(c)))
+                for c in range(self.n)
+            ]
         return out
 
     def _echo_choice(self, choice: int) -> dict[str, Any]:
@@ -150,7 +158,8 @@ class CompletionFormat(ChunkFormat):
         return out
 
     def _echo_text(self, choice: int) -> str:
-        return self.echo[choice // self.per_prompt] if self.echo else ""
+        p = choice // self.per_prompt
+        return self.echo[p] if self.echo else self.prompt_texts.get(p, "")
 
     def _echo_logprobs(self, choice: int) -> list[dict[str, Any]] | None:
         if not self.echo_logprobs:
@@ -190,6 +199,8 @@ class CompletionFormat(ChunkFormat):
         )
 
     def _choice_delta(self, chunk: pb.TokenChunk, logprobs: Any) -> dict[str, Any] | None:
+        if self.prompt_only:
+            return None
         if not chunk.text and logprobs is None and not (self.token_ids and chunk.token_ids):
             return None
         legacy = None if logprobs is None else self._legacy_logprobs(logprobs, chunk.choice)
@@ -216,6 +227,8 @@ class CompletionFormat(ChunkFormat):
         index: int = 0,
     ) -> dict[str, Any]:
         self._offsets[0] = 0
+        if self.prompt_only:  # vLLM's: the generated token is counted, not shown
+            text, logprobs = "", None if logprobs is None else []
         if self.echo is not None:  # vLLM's: the prompt, then the text
             text = self._echo_text(index) + text
             if logprobs is not None:
@@ -252,12 +265,13 @@ def format_for(
     fmt.continuous_usage = req.continuous_usage
     fmt.token_ids = req.return_token_ids
     fmt.prompt_text = req.return_prompt_text
-    fmt.prompt_first = req.return_token_ids or req.return_prompt_text
+    fmt.prompt_first = req.return_token_ids or req.return_prompt_text or req.continuous_usage
     fmt.show_prompt_logprobs = req.show_prompt_logprobs
     if isinstance(fmt, ChatFormat):
         fmt.role, fmt.echo = req.role, req.echo_text
     elif isinstance(fmt, CompletionFormat) and req.echo_prompt:
         fmt.echo = [p for p in req.prompts() if isinstance(p, str)]
         fmt.echo_logprobs = req.logprobs is not None
-        fmt.prompt_first = fmt.prompt_first or fmt.echo_logprobs
+        fmt.prompt_only = req.prompt_only
+        fmt.prompt_first = fmt.prompt_first or fmt.echo_logprobs or req.echo_decoded
     return fmt

@@ -26,11 +26,10 @@ from edge.api.schema import (
     GenRequest,
     Kind,
     decode_body,
-    most_tokens,
     parse_chat,
     parse_completion,
 )
-from edge.api.sizes import check_sizes
+from edge.api.sizes import check_sizes, most_tokens
 from edge.api.state import EdgeState
 from edge.api.tokens import routing_ids
 from edge.errors import ApiError, from_status

@@ -84,5 +84,6 @@ def batch_call(
     """A batch's generations (`call` makes each one's, routed by its own prompt) as one
     `BatchCall`, each generation's prompt message first when the start asks for one."""
     calls = [call(start_for(start, i, p), Routed(None, routed(p))) for i, p in enumerate(batch)]
-    asks = start.return_prompt_tokens or start.sampling.HasField("prompt_logprobs")
+    asks = start.return_prompt_tokens or start.return_prompt_text or start.stream_usage
+    asks = asks or start.sampling.HasField("prompt_logprobs")
     return BatchCall(calls, n, prompt_messages=asks)

@@ -1,7 +1,8 @@
 """The Responses API request (`POST /v1/responses`) as a chat generation: `input` items
 (messages, function calls and their outputs; replayed reasoning checked, left out),
 `instructions`, `text.format`, function `tools`, `include` and `top_logprobs`, vLLM's
-`enable_response_messages`; the fields the response echoes."""
+`enable_response_messages`, `structured_outputs` and `chat_template_kwargs`; the fields
+the response echoes."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 from edge.api import constraints, fields, nesting
 from edge.api.schema import MAX_TOP_LOGPROBS, UINT32_MAX, GenRequest, common, int_field
+from edge.api.templates import template_kwargs
 from edge.errors import invalid
 from generated import sluice_pb2 as pb
 
@@ -152,6 +154,13 @@ def parse_responses(body: dict[str, Any]) -> GenRequest:
     req = GenRequest(kind="responses", messages=messages)
     common(body, req)
     req.structured = _text_format(body)
+    if body.get("structured_outputs") is not None:  # vLLM's, as on chat
+        if isinstance(body.get("text"), dict) and body["text"].get("format") is not None:
+            raise invalid(
+                "structured_outputs", "Cannot specify both structured_outputs and text.format"
+            )
+        req.structured = constraints.vllm_structured(body)
+    req.template_kwargs_json = template_kwargs(body)
     req.max_tokens = int_field(body, "max_output_tokens", 1, UINT32_MAX)
     req.tools = _tools(body)
     req.tool_choice = constraints.tool_choice(body.get("tool_choice"), bool(req.tools))
@@ -179,6 +188,10 @@ def parse_responses(body: dict[str, Any]) -> GenRequest:
     req.echo["store"] = bool(store or background)
     if background:
         req.echo["background"] = True
+    reasoning = body.get("reasoning")  # ignored (no reasoning parser needs it), echoed
+    if reasoning is not None and not isinstance(reasoning, dict):
+        raise invalid("reasoning", "'reasoning' must be an object")
+    req.echo["reasoning"] = reasoning
     _extras(body, req)
     return req
 

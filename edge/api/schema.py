@@ -77,7 +77,9 @@ class GenRequest:
     # (whole answers only: streamed chunks carry none, as vLLM's), completions `echo`.
     prompt_logprobs: int | None = None
     show_prompt_logprobs: bool = False
-    echo_prompt: bool = False
+    echo_prompt: bool = False  # completions `echo`
+    echo_decoded: bool = False  # ... of token-id prompts: their text from the worker
+    prompt_only: bool = False  # ... with `max_tokens` 0: the prompt alone
 
     def prompts(self) -> list[Prompt]:
         """A completions request's prompts: the batch's, or its one."""
@@ -134,7 +136,7 @@ class GenRequest:
             structured_output=self.structured,
             stream_usage=self.continuous_usage,
             return_prompt_tokens=self.return_token_ids,
-            return_prompt_text=self.return_prompt_text,
+            return_prompt_text=self.return_prompt_text or self.echo_decoded,
         )
         if self.messages is not None:
             start.chat.CopyFrom(self.chat_input())
@@ -265,7 +267,7 @@ def common(body: dict[str, Any], req: GenRequest) -> None:
             if opts.get(name) is not None and not isinstance(opts[name], bool):
                 raise invalid(f"stream_options.{name}", f"'{name}' must be a boolean")
         req.include_usage = bool(opts.get("include_usage"))
-        req.continuous_usage = bool(opts.get("continuous_usage_stats"))
+        req.continuous_usage = req.include_usage and bool(opts.get("continuous_usage_stats"))
 
 
 def _content(msg: dict[str, Any], i: int) -> str:
@@ -349,12 +351,13 @@ def parse_completion(body: dict[str, Any]) -> GenRequest:
     else:
         req.prompt_tokens = batch[0]
     common(body, req)
-    max_tokens = _int(body, "max_tokens", 1, UINT32_MAX)
+    req.echo_prompt = bool(_bool(body, "echo"))
+    req.echo_decoded = req.echo_prompt and not isinstance(batch[0], str)
+    max_tokens = _int(body, "max_tokens", 0 if req.echo_prompt else 1, UINT32_MAX)
+    if max_tokens == 0:  # vLLM's: the prompt alone (one token is generated, not shown)
+        req.prompt_only, max_tokens = True, 1
     req.max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
     req.logprobs = _int(body, "logprobs", 0, MAX_TOP_LOGPROBS)
-    req.echo_prompt = bool(_bool(body, "echo"))
-    if req.echo_prompt and not all(isinstance(p, str) for p in batch):
-        raise invalid("echo", "'echo' needs a text prompt (the edge cannot decode token ids)")
     echoed = req.echo_prompt and req.logprobs is not None  # the prompt's tokens first
     prompt_logprobs.ask(body, req, req.logprobs if req.echo_prompt else None, echoed)
     return req
@@ -373,23 +376,6 @@ __all__ = [
     "parse_chat",
     "parse_completion",
 ]
-
-
-# Tokens reserved against a tokens-per-minute limit for a request without max_tokens
-# (its real usage settles it at the end).
-UNBOUNDED_RESERVE = 1024
-
-
-def most_tokens(req: GenRequest) -> int:
-    """What a generation may cost at most, for a tokens-per-minute reservation: its
-    max_tokens for each choice plus its prompt (about 4 characters a token); a batch's
-    for each prompt."""
-    if req.messages is not None:
-        chars = sum(len(m.content) for m in req.messages)
-    else:
-        chars = prompt_chars(req)
-    choices = max(1, req.n) * (len(req.batch) if req.batch else 1)
-    return (req.max_tokens or UNBOUNDED_RESERVE) * choices + chars // 4 + 1
 
 
 def prompt_chars(req: GenRequest) -> int:

@@ -1,7 +1,7 @@
 """The edge's own size limits on a parsed request (`SecurityConfig`): the prompt, the
 tools and a history tool call's arguments, each a 400 naming the field and the limit
-before any worker is called. What a constraint may cost is the worker's to bound
-(`model_service.intake.bounds`)."""
+before any worker is called; the most tokens a request may cost (`most_tokens`). What a
+constraint may cost is the worker's to bound (`model_service.intake.bounds`)."""
 
 from __future__ import annotations
 
@@ -74,3 +74,20 @@ def _check_prompt(req: GenRequest, max_chars: int) -> None:
             param=param,
             code="prompt_too_long",
         )
+
+
+# Tokens reserved against a tokens-per-minute limit for a request without max_tokens
+# (its real usage settles it at the end).
+UNBOUNDED_RESERVE = 1024
+
+
+def most_tokens(req: GenRequest) -> int:
+    """What a generation may cost at most, for a tokens-per-minute reservation: its
+    max_tokens for each choice plus its prompt (about 4 characters a token); a batch's
+    for each prompt."""
+    if req.messages is not None:
+        chars = sum(len(m.content) for m in req.messages)
+    else:
+        chars = prompt_chars(req)
+    choices = max(1, req.n) * (len(req.batch) if req.batch else 1)
+    return (req.max_tokens or UNBOUNDED_RESERVE) * choices + chars // 4 + 1

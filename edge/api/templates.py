@@ -29,12 +29,7 @@ def template_inputs(body: dict[str, Any], req: GenRequest, flags: dict[str, bool
         )
     if not prompt:  # both said, as the contract's unset continue differs from vLLM's
         req.add_generation_prompt, req.continue_final_message = False, extend
-    kwargs = body.get("chat_template_kwargs")
-    if kwargs is not None:
-        if not isinstance(kwargs, dict):
-            raise invalid("chat_template_kwargs", "'chat_template_kwargs' must be an object")
-        if kwargs:
-            req.template_kwargs_json = orjson.dumps(kwargs).decode()
+    req.template_kwargs_json = template_kwargs(body)
     docs = body.get("documents")
     if docs is not None:
         if not isinstance(docs, list):
@@ -48,3 +43,13 @@ def template_inputs(body: dict[str, Any], req: GenRequest, flags: dict[str, bool
         req.role = messages[-1].role
     if flags["echo"] and messages and messages[-1].role == req.role:
         req.echo_text = messages[-1].content
+
+
+def template_kwargs(body: dict[str, Any]) -> str:
+    """vLLM's `chat_template_kwargs` as the contract's JSON text ("" when none)."""
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is None:
+        return ""
+    if not isinstance(kwargs, dict):
+        raise invalid("chat_template_kwargs", "'chat_template_kwargs' must be an object")
+    return orjson.dumps(kwargs).decode() if kwargs else ""

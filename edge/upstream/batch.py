@@ -15,8 +15,12 @@ _SUCCESS = (pb.FINISH_REASON_STOP, pb.FINISH_REASON_LENGTH, pb.FINISH_REASON_TOO
 
 
 def is_prompt(chunk: pb.TokenChunk) -> bool:
-    """Whether `chunk` is a prompt's message (its ids, logprobs or text; no tokens)."""
-    return bool(chunk.prompt_token_ids or chunk.prompt_logprobs or chunk.prompt_text)
+    """Whether `chunk` is a prompt's message: its ids, logprobs or text, or (`stream_usage`)
+    only its count, a usage with no output of its own."""
+    if chunk.prompt_token_ids or chunk.prompt_logprobs or chunk.prompt_text:
+        return True
+    output = chunk.token_ids or chunk.text or chunk.reasoning or chunk.tool_calls
+    return chunk.HasField("usage") and not output and not chunk.HasField("choice_end")
 
 
 class BatchCall:

@@ -18,19 +18,17 @@ def render(
     """`messages` (and `tools`), as the template takes them, rendered as the prompt text
     with the request's template inputs (generation prompt, an open final message,
     documents, extra variables); InvalidArgument naming `chat.messages` when the template
-    refuses them."""
+    refuses them. As vLLM merges them: the request's own fields win over the same names
+    among the extra variables, documents only when it has some."""
+    kwargs = {
+        **(request.template_kwargs or {}),
+        "add_generation_prompt": request.add_generation_prompt,
+        "continue_final_message": request.continue_final_message,
+    }
+    if request.documents:
+        kwargs["documents"] = list(request.documents)
     try:
-        return str(
-            tokenizer.apply_chat_template(
-                messages,
-                tools=tools,
-                documents=list(request.documents) or None,
-                tokenize=False,
-                add_generation_prompt=request.add_generation_prompt,
-                continue_final_message=request.continue_final_message,
-                **(request.template_kwargs or {}),
-            )
-        )
+        return str(tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, **kwargs))
     except Exception as exc:  # a template may reject a role order, e.g. jinja raise_exception
         raise InvalidArgument(
             "chat.messages", f"chat template refused the messages: {exc}"

@@ -200,12 +200,14 @@ class Generation:
         self._wake()
 
     def _append_prompt(self, logprobs: list[TokenLogprob] | None) -> None:
-        """The prompt's message (its ids, its logprobs, as asked), serialized at once so
-        that no token merges into it."""
+        """The prompt's message (its ids, its logprobs, its text, with `stream_usage` its
+        count: as asked), serialized at once so that no token merges into it."""
         req = self.request
         ids = req.prompt_token_ids if req.return_prompt_tokens else None
         msg = messages.prompt_to_pb(self.request_id, len(self.log), ids, logprobs)
         msg.chunk.prompt_text = req.prompt_text or ""
+        if req.stream_usage:  # vLLM's opening chunk: the prompt's count, no completion
+            messages.with_end_and_usage(msg, None, (self._prompt_tokens, 0, self._cached_tokens))
         self._append(msg)
         self.log.take(len(self.log) - 1)
 
@@ -277,7 +279,8 @@ class Generation:
         self._started = True
         try:
             req = self.request
-            if (req.return_prompt_tokens or req.prompt_text is not None) and not self._prompt_due:
+            asked = req.return_prompt_tokens or req.prompt_text is not None or req.stream_usage
+            if asked and not self._prompt_due:
                 self._append_prompt(None)
             reason, stop = await self._drive()
             self._final(reason, stop=stop)

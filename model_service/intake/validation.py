@@ -19,11 +19,13 @@ MAX_LOGPROBS = 20  # top alternatives per token, generated or prompt (vLLM's max
 MAX_CHOICES = 1024
 MAX_DOCUMENTS = 128
 # apply_chat_template's own parameters: set through their request fields, never as
-# template variables (vLLM refuses `chat_template` and `tokenize` there too).
+# template variables (vLLM refuses `chat_template` and `tokenize` there, and the template
+# fails on the input's own names). `add_generation_prompt`, `continue_final_message` and
+# `documents` may come there too, as vLLM takes them: the request's fields win
+# (`engines/chat_template.py`).
 TEMPLATE_PARAMETERS = frozenset(
     {
-        "messages", "conversation", "tools", "documents", "chat_template",
-        "add_generation_prompt", "continue_final_message", "tokenize", "padding",
+        "messages", "conversation", "tools", "chat_template", "tokenize", "padding",
         "truncation", "max_length", "return_tensors", "return_dict",
         "return_assistant_tokens_mask", "tokenizer_kwargs",
     }

@@ -68,12 +68,15 @@ def test_logit_bias_error_names_every_bad_key(client: openai.OpenAI) -> None:
     assert "'x'" in body["message"] and "'y'" in body["message"]  # type: ignore[index]
 
 
+@pytest.mark.parametrize("echo", [False, True])
 @pytest.mark.parametrize("n", [1, 2])
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])
-def test_continuous_usage_is_on_every_chunk_the_finish_chunk_too(
-    client: openai.OpenAI, endpoint: str, n: int
+def test_continuous_usage_is_on_every_chunk_from_the_opening_to_the_finish(
+    client: openai.OpenAI, endpoint: str, n: int, echo: bool
 ) -> None:
-    kw: dict[str, object] = {
+    """vLLM's `continuous_usage_stats`: every chunk carries usage; those before any token
+    (chat's role chunk, each choice's echo) the prompt's count and 0 completion tokens."""
+    kw: dict[str, Any] = {
         "model": "",
         "max_tokens": 6,
         "n": n,
@@ -81,16 +84,39 @@ def test_continuous_usage_is_on_every_chunk_the_finish_chunk_too(
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},
     }
     if endpoint == "chat":
-        chunks = list(client.chat.completions.create(messages=ASK, **kw))  # type: ignore[call-overload]
-        opening, rest = chunks[:1], chunks[1:]  # the role chunk goes out before the prompt's count
-        assert opening[0].choices[0].delta.role == "assistant"
+        prefill = [*ASK, {"role": "assistant", "content": "Rivers"}]
+        extra = {"echo": True, "add_generation_prompt": False, "continue_final_message": True}
+        chunks = list(
+            client.chat.completions.create(
+                messages=prefill if echo else ASK, extra_body=extra if echo else None, **kw
+            )
+        )
+        assert [c.delta.role for c in chunks[0].choices] == ["assistant"] * n
+        before = 1 + (n if echo else 0)  # the role chunk (every choice), then each echo
     else:
-        rest = list(client.completions.create(prompt="Rivers", **kw))  # type: ignore[call-overload]
-    finishes = [c for c in rest if c.choices and c.choices[0].finish_reason]
+        chunks = list(client.completions.create(prompt="Rivers", echo=echo, **kw))
+        before = n if echo else 0
+    assert all(c.usage is not None for c in chunks)
+    prompt = chunks[-1].usage.prompt_tokens  # type: ignore[union-attr]
+    opening = [(c.usage.prompt_tokens, c.usage.completion_tokens) for c in chunks[:before]]  # type: ignore[union-attr]
+    assert opening == [(prompt, 0)] * before
+    assert chunks[before].usage.completion_tokens > 0  # type: ignore[union-attr]
+    finishes = [c for c in chunks if c.choices and c.choices[0].finish_reason]
     assert len(finishes) == n
-    assert all(c.usage is not None for c in rest)
-    assert rest[-1].choices == [] and rest[-1].usage.completion_tokens == 6 * n  # type: ignore[union-attr]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6 * n  # type: ignore[union-attr]
     assert finishes[-1].usage.completion_tokens == 6 * n  # type: ignore[union-attr]
+
+
+def test_continuous_usage_without_include_usage_is_no_usage(client: openai.OpenAI) -> None:
+    """vLLM's rule: `continuous_usage_stats` counts only along with `include_usage`."""
+    opts: Any = {"continuous_usage_stats": True}
+    chunks = list(
+        client.chat.completions.create(
+            model="", messages=ASK, max_tokens=3, stream=True, stream_options=opts
+        )
+    )
+    assert [c.usage for c in chunks] == [None] * len(chunks)
+    assert chunks[-1].choices[0].finish_reason == "length"
 
 
 class Place(BaseModel):
@@ -136,3 +162,21 @@ def test_named_tool_cut_by_max_tokens_returns_no_call(client: openai.OpenAI) -> 
     calls = whole.choices[0].message.tool_calls
     assert calls and len(calls) == 1
     Trip.model_validate_json(calls[0].function.arguments)
+
+
+def test_responses_serve_vllms_structured_outputs(client: openai.OpenAI) -> None:
+    """vLLM's `structured_outputs` on the Responses API (as on chat); with `text.format`
+    a 400 naming it, as vLLM's."""
+    so = {"structured_outputs": {"choice": ["Nile", "Danube"]}}
+    answers = {
+        client.responses.create(
+            model="", input="A river?", extra_body={**so, "seed": s}
+        ).output_text
+        for s in range(4)
+    }
+    assert answers <= {"Nile", "Danube"} and answers
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.create(
+            model="", input="A river?", text={"format": {"type": "json_object"}}, extra_body=so
+        )
+    assert info.value.body["param"] == "structured_outputs"  # type: ignore[index]

@@ -76,6 +76,26 @@ def test_documents_and_template_variables_reach_the_chat_template(tokenizer: Any
     assert render(tokenizer, [USER], req) == "[Nile: A river.][Dan: Another.]hi"
 
 
+def test_template_variables_named_as_the_requests_fields_yield_to_them(tokenizer: Any) -> None:
+    """vLLM's merge: `add_generation_prompt` and `continue_final_message` among the extra
+    variables are overridden by the request's own (set or default); `documents` there
+    reach the template when the request has none, and yield to the request's."""
+    partial = {"role": "assistant", "content": "The Dan"}
+    flags = '{"add_generation_prompt": false, "continue_final_message": true}'
+    plain = render(tokenizer, [USER], chat([USER]))
+    assert render(tokenizer, [USER], chat([USER], template_kwargs_json=flags)) == plain
+    opened = chat([USER, partial], add_generation_prompt=False, continue_final_message=True)
+    closed = chat([USER, partial], add_generation_prompt=False, template_kwargs_json=flags)
+    closed.continue_final_message = False  # the request's own: unset in vLLM is False
+    texts = [render(tokenizer, [USER, partial], r) for r in (opened, closed)]
+    assert [t.endswith("The Dan") for t in texts] == [True, False]
+    tokenizer.chat_template = "{% for d in documents %}[{{ d.text }}]{% endfor %}"
+    given = '{"documents": [{"text": "kw"}]}'
+    kw_only = chat([USER], template_kwargs_json=given)
+    both = chat([USER], template_kwargs_json=given, documents=[{"text": "own"}])
+    assert [render(tokenizer, [USER], r) for r in (kw_only, both)] == ["[kw]", "[own]"]
+
+
 def test_chat_without_generation_prompt_closes_a_final_user_message(tokenizer: Any) -> None:
     text = render(tokenizer, [USER], chat([USER], add_generation_prompt=False))
     assert text.endswith("Name a river.<|im_end|>\n")

@@ -22,7 +22,7 @@ import pytest
 
 from tests.integration.conftest import MAX_MODEL_LEN
 from tests.integration.edge_fixtures import EDGE_ENV, wait_ready
-from tests.integration.vllm_shapes_cases import CASES, ERRORS, KNOWN, SAME, STREAMS
+from tests.integration.vllm_shapes_cases import ASK, CASES, ERRORS, FIXED, KNOWN, SAME, STREAMS
 from tests.procs import Proc, start_edge
 
 pytestmark = pytest.mark.model
@@ -192,9 +192,17 @@ def test_streams_have_vllms_shape(
     body = {"model": model, **body}
     a, b = _chunks(ours, path, body), _chunks(theirs, path, body)
     if body.get("stream_options", {}).get("continuous_usage_stats"):  # every chunk: usage
-        # (ours but the opening one: test_continuous_usage_on_the_opening_chunk)
-        assert [type(c["usage"]) for c in a[1:]] == [dict] * (len(a) - 1)
+        assert [type(c["usage"]) for c in a] == [dict] * len(a)
         assert [type(c["usage"]) for c in b] == [dict] * len(b)
+        # Issue 24 #7: the first chunk (chat: the role's, before any token) carries the
+        # prompt's count; chat's 0 completion tokens (vLLM's completions echo goes with
+        # the first token, ours before it).
+        firsts = [
+            (c[0]["usage"]["prompt_tokens"], c[0]["usage"]["completion_tokens"]) for c in (a, b)
+        ]
+        if path == "completions":
+            firsts = [(prompt, None) for prompt, _ in firsts]
+        assert firsts[0] == firsts[1] and firsts[0][0] > 0
     shape_a, shape_b = _stream_shape(a), _stream_shape(b)
     assert shape_a["ends"] == shape_b["ends"]
     only_ours = set(shape_a["paths"]) - set(shape_b["paths"])
@@ -203,13 +211,33 @@ def test_streams_have_vllms_shape(
     assert got == KNOWN.get(case, set())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open (issue 24 #7): the edge sends a chat stream's opening chunk (the role) "
-    "before the worker's first message says the prompt's length; vLLM's carries usage "
-    "(prompt_tokens, 0 completion tokens)",
-)
-def test_continuous_usage_on_the_opening_chunk(ours: openai.OpenAI, model: str) -> None:
-    path, body = STREAMS["chat stream continuous usage"]
-    first = _chunks(ours, path, {"model": model, **body})[0]
-    assert (first["choices"][0]["delta"].get("role"), type(first["usage"])) == ("assistant", dict)
+def test_an_unknown_field_is_refused_here_and_ignored_by_vllm(
+    ours: openai.OpenAI, theirs: openai.OpenAI, model: str
+) -> None:
+    """Issue 24 #13, an intended difference: vLLM's server ignores a field it does not
+    know (a misspelt `max_token` silently becomes the default); ours is a 400 naming it."""
+    body = {"model": model, "messages": ASK, "max_tokens": 1, "max_token": 3}
+    answer = _post(theirs, "chat/completions", body)
+    assert answer["usage"]["completion_tokens"] == 1
+    with pytest.raises(openai.BadRequestError) as err:
+        _post(ours, "chat/completions", body)
+    assert err.value.response.json()["error"]["param"] == "max_token"
+
+
+def test_the_sdks_stream_helper_assembles_the_same_answer(
+    ours: openai.OpenAI, theirs: openai.OpenAI, model: str
+) -> None:
+    """Issue 24 #16: our finish reason on an empty-delta chunk of its own (OpenAI's
+    layout; vLLM's on the last token's chunk) is assembled by the SDK's stream helper as
+    vLLM's is: the text its events gave, the finish reason, the counts."""
+
+    def assembled(client: openai.OpenAI) -> tuple[Any, ...]:
+        kw: Any = {"model": model, "messages": ASK, **_split(client.chat.completions.create, FIXED)}
+        with client.chat.completions.stream(**kw, stream_options={"include_usage": True}) as s:
+            texts = [e.delta for e in s if e.type == "content.delta"]
+            final = s.current_completion_snapshot  # (get_final_completion: no parse at length)
+        choice, usage = final.choices[0], final.usage
+        assert usage is not None and choice.message.content == "".join(texts)
+        return choice.finish_reason, usage.prompt_tokens, usage.completion_tokens, len(texts) > 0
+
+    assert assembled(ours) == assembled(theirs)

@@ -79,10 +79,10 @@ def test_prompt_logprobs_as_vllm_lays_them_out_and_null_when_not_asked(
     comp = client.completions.create(prompt=TEXT, n=2, extra_body={"prompt_logprobs": 0}, **kw)
     want = _expected(ids, words(TEXT), 0)
     assert [_shape(extra(c)["prompt_logprobs"]) for c in comp.choices] == [want, want]
-    # Token-id prompts have no text: decoded tokens are empty.
+    # Token-id prompts: decoded as the sim can (the words it tokenized, as rendering did).
     by_ids = client.completions.create(prompt=ids, extra_body={"prompt_logprobs": 1}, **kw)
     got = _shape(extra(by_ids.choices[0])["prompt_logprobs"])
-    assert got == _expected(ids, [""] * len(ids), 1)
+    assert got == _expected(ids, words(TEXT), 1)
 
     plain = client.chat.completions.create(messages=ASK, **kw)
     assert extra(plain)["prompt_logprobs"] is None
@@ -147,9 +147,45 @@ def test_completions_echo_puts_the_prompt_first_streamed_and_not(client: openai.
     first = next(iter(client.completions.create(echo=True, logprobs=1, stream=True, **kw)))
     assert first.choices[0].logprobs is not None
     assert (first.choices[0].text, first.choices[0].logprobs.tokens) == (TEXT, words(TEXT))
+
+
+def test_echo_with_max_tokens_0_is_the_prompt_alone(client: openai.OpenAI) -> None:
+    """vLLM's `echo` with `max_tokens` 0 (scoring a prompt): the prompt and its logprobs
+    alone, streamed and not; one token is generated and counted, not shown (vLLM's
+    usage). Without `echo`, 0 is a 400 naming `max_tokens`, as vLLM's."""
+    kw: Any = {"model": "", "prompt": TEXT, "max_tokens": 0, "echo": True, "logprobs": 1}
+    whole = client.completions.create(**kw)
+    choice = whole.choices[0]
+    assert choice.logprobs is not None and whole.usage is not None
+    got = (choice.text, choice.logprobs.tokens, choice.finish_reason, whole.usage.completion_tokens)
+    assert got == (TEXT, words(TEXT), "length", 1)
+    streamed = list(client.completions.create(stream=True, **kw))
+    texts = ["".join(c.text for c in chunk.choices) for chunk in streamed]
+    assert ("".join(texts), streamed[-1].choices[0].finish_reason) == (TEXT, "length")
     with pytest.raises(openai.BadRequestError) as info:
-        client.completions.create(model="", prompt=[1, 2, 3], echo=True)
-    assert info.value.param == "echo"
+        client.completions.create(model="", prompt=TEXT, max_tokens=0)
+    assert info.value.param == "max_tokens"
+
+
+def test_echo_of_token_ids_is_the_prompt_the_worker_decodes(
+    client: openai.OpenAI, sim: Stack
+) -> None:
+    """`echo` of token-id prompts (one, or a batch) echoes the text the worker decodes
+    them to: the same answer as the text's, streamed and not, logprobs included."""
+    ids = [_rendered(sim, "completions", {"prompt": p}) for p in BATCH[:2]]
+    kw: Any = {"model": "", "max_tokens": 3, "seed": 1, "echo": True, "logprobs": 1}
+    by_text = client.completions.create(prompt=BATCH[:2], **kw)
+    by_ids = client.completions.create(prompt=ids, **kw)
+    assert by_ids.choices[0].text.startswith(BATCH[0])
+    assert by_ids.model_dump(exclude={"id", "created"}) == by_text.model_dump(
+        exclude={"id", "created"}
+    )
+    streamed: dict[int, str] = {}
+    for chunk in client.completions.create(prompt=ids[1], stream=True, **kw):
+        for c in chunk.choices:
+            streamed[c.index] = streamed.get(c.index, "") + c.text
+    one = client.completions.create(prompt=BATCH[1], **kw)
+    assert streamed == {0: one.choices[0].text}
 
 
 # -- completions batches ----------------------------------------------------------------

@@ -105,6 +105,18 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
             **FIXED,
         },
     ),
+    # vLLM's merge: the request's own fields win over the same names among the kwargs.
+    "chat template kwargs naming the request's flags": (
+        "chat/completions",
+        {
+            "messages": ASK,
+            "chat_template_kwargs": {
+                "add_generation_prompt": False,
+                "continue_final_message": True,
+            },
+            **FIXED,
+        },
+    ),
     "chat return_prompt_text": (
         "chat/completions",
         {"messages": ASK, "return_prompt_text": True, **FIXED},
@@ -118,6 +130,11 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "completions batch n=2": (
         "completions",
         {"prompt": ["The river", "A light"], "n": 2, **SAMPLED},
+    ),
+    # The prompt alone (scoring it), echoed from token ids: the worker decodes them.
+    "completions echo token ids max_tokens 0": (
+        "completions",
+        {"prompt": [504, 3755, 282], "echo": True, "logprobs": 1, "max_tokens": 0},
     ),
     "completions token-id batch": ("completions", {"prompt": [[504, 3755], [330]], **FIXED}),
     "completions without max_tokens": (
@@ -146,6 +163,7 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "responses reasoning input": (
         "responses",
         {
+            "reasoning": {"effort": "low"},  # accepted, echoed; SmolLM2 does not reason
             "input": [
                 {"role": "user", "content": "Name a river."},
                 {
@@ -174,6 +192,24 @@ STREAMS: dict[str, tuple[str, dict[str, Any]]] = {
             **FIXED,
         },
     ),
+    "chat stream n=2 continuous usage": (
+        "chat/completions",
+        {
+            "messages": ASK,
+            "n": 2,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            **SAMPLED,
+        },
+    ),
+    "completions stream echo token ids continuous usage": (
+        "completions",
+        {
+            "prompt": [504, 3755, 282],
+            "echo": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            **FIXED,
+        },
+    ),
     "chat stream n=2 token ids": (
         "chat/completions",
         {"messages": ASK, "n": 2, "return_token_ids": True, **SAMPLED},
@@ -197,6 +233,7 @@ ERRORS: dict[str, tuple[str, dict[str, Any]]] = {
     "prompt_logprobs -1": ("completions", {"prompt": "The river", "prompt_logprobs": -1}),
     "seed 2**63": ("chat/completions", {"messages": ASK, "seed": 2**63, "max_tokens": 1}),
     "seed -2**63-1": ("chat/completions", {"messages": ASK, "seed": -(2**63) - 1, "max_tokens": 1}),
+    "max_tokens 0 without echo": ("completions", {"prompt": "The river", "max_tokens": 0}),
 }
 # Values that show the behaviour, equal on both sides (the same engine, greedy).
 USAGE = ("usage.prompt_tokens", "usage.completion_tokens")
@@ -205,6 +242,13 @@ SAME: dict[str, tuple[str, ...]] = {
     # SmolLM2's template reads neither documents nor kwargs: accepted, the same prompt.
     "chat documents, template kwargs": USAGE,
     "chat custom role": USAGE,  # the role reaches the template: one turn more than "chat"
+    "chat template kwargs naming the request's flags": USAGE,  # "chat"'s prompt
+    "completions echo token ids max_tokens 0": (
+        *USAGE,  # vLLM's: one token generated and counted
+        "choices[0].text",  # the decoded prompt alone
+        "choices[0].logprobs.tokens",
+        "choices[0].finish_reason",
+    ),
     "chat without max_tokens": (*USAGE, "choices[0].finish_reason"),
     "completions without max_tokens": USAGE,  # 16, OpenAI's and vLLM's default
     "responses reasoning input": ("usage.input_tokens", "usage.output_tokens"),
@@ -258,7 +302,7 @@ RESPONSES = {
         for name in (
             "background", "ec_transfer_params", "frequency_penalty", "kv_transfer_params",
             "max_tool_calls", "presence_penalty", "prompt",
-            "reasoning", "service_tier", "truncation",
+            "service_tier", "truncation",
             "usage.input_tokens_details.cache_write_tokens",
             "usage.input_tokens_details.cached_tokens_per_turn",
             "usage.input_tokens_details.input_tokens_per_turn",
@@ -268,6 +312,17 @@ RESPONSES = {
         )
     ),
 }  # fmt: skip
+CONTINUOUS = (
+    STREAM
+    | NULL_IDS
+    | {
+        ("ours", "usage.prompt_tokens_details.cached_tokens: number"),
+        ("ours", "usage.prompt_tokens_details: object"),
+        ("vllm", "prompt_text: null"),
+        ("vllm", "prompt_token_ids: null"),
+        ("vllm", "usage.completion_tokens_details: null"),
+    }
+)
 KNOWN: dict[str, set[tuple[str, str]]] = {
     **{case: CHAT for case in CASES if case.startswith("chat")},
     **{case: COMMON for case in CASES if case.startswith("completions")},
@@ -286,10 +341,15 @@ KNOWN: dict[str, set[tuple[str, str]]] = {
         )
     },
     "responses logprobs, messages": RESPONSES,
+    # vLLM echoes `reasoning` as the SDK's whole Reasoning object, ours as it was sent.
     "responses reasoning input": RESPONSES
     | {
         ("vllm", name)
         for name in (
+            "reasoning.context",
+            "reasoning.generate_summary",
+            "reasoning.mode",
+            "reasoning.summary",
             "input_messages",
             "output_messages",
             "output[].content[].logprobs",
@@ -305,17 +365,18 @@ KNOWN: dict[str, set[tuple[str, str]]] = {
         ("vllm", "prompt_text: null"),
         ("vllm", "prompt_token_ids: null"),
     },
-    # Continuous usage: ours' opening (role) chunk has `"usage": null` (see
-    # test_continuous_usage_on_the_opening_chunk), the rest as "chat stream usage".
-    "chat stream continuous usage": STREAM
+    # Continuous usage: every chunk's usage (ours with OpenAI's details; vLLM's role
+    # chunk a null `completion_tokens_details`).
+    "chat stream continuous usage": CONTINUOUS,
+    "chat stream n=2 continuous usage": CONTINUOUS,
+    "completions stream echo token ids continuous usage": STREAM
     | NULL_IDS
     | {
         ("ours", "usage.prompt_tokens_details.cached_tokens: number"),
         ("ours", "usage.prompt_tokens_details: object"),
-        ("ours", "usage: null"),
-        ("vllm", "prompt_text: null"),
-        ("vllm", "prompt_token_ids: null"),
-        ("vllm", "usage.completion_tokens_details: null"),
+        ("vllm", "choices[].prompt_token_ids: array"),
+        ("vllm", "choices[].prompt_token_ids: null"),
+        ("vllm", "choices[].prompt_token_ids[]: number"),
     },
     "chat stream n=2 token ids": STREAM | {("vllm", "prompt_text: null")},
     # vLLM's echo chunk carries the prompt's ids even when not asked for; our finish
@@ -354,7 +415,6 @@ KNOWN: dict[str, set[tuple[str, str]]] = {
         ("vllm", "response.output_messages: null"),
         ("vllm", "response.presence_penalty: number"),
         ("vllm", "response.prompt: null"),
-        ("vllm", "response.reasoning: null"),
         ("vllm", "response.service_tier: string"),
         ("vllm", "response.text: null"),
         ("vllm", "response.top_logprobs: null"),
@@ -370,7 +430,13 @@ KNOWN: dict[str, set[tuple[str, str]]] = {
     # Errors: OpenAI's `code` is a string; vLLM's the HTTP status.
     **{
         case: {("type", "error.code: string / number")}
-        for case in ("logit_bias", "prompt_logprobs -1", "seed 2**63", "seed -2**63-1")
+        for case in (
+            "logit_bias",
+            "prompt_logprobs -1",
+            "seed 2**63",
+            "seed -2**63-1",
+            "max_tokens 0 without echo",
+        )
     },
     "version": {("ours", "sluice_version")},
 }

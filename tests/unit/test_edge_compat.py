@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from edge.api.fields import CHAT as CHAT_FIELDS
-from edge.api.fields import COMPLETION, Endpoint, readme_with_table
+from edge.api.fields import COMPLETION, RESPONSES, Endpoint, readme_with_table
 from edge.api.responses import parse_responses
 from edge.api.schema import decode_body, parse_chat, parse_completion
 from edge.errors import ApiError
@@ -36,6 +36,19 @@ VLLM_CHAT = _COMMON | {
     "tool_choice", "tools", "top_logprobs",
 }  # fmt: skip
 VLLM_COMPLETION = _COMMON | {"prompt", "prompt_embeds", "suffix"}
+VLLM_RESPONSES = {
+    "background", "cache_salt", "chat_template_kwargs", "ec_transfer_params",
+    "enable_response_messages", "frequency_penalty", "ignore_eos", "include",
+    "include_reasoning", "include_stop_str_in_output", "input", "instructions",
+    "kv_transfer_params", "logit_bias", "max_output_tokens", "max_tool_calls",
+    "media_io_kwargs", "metadata", "min_p", "mm_payload", "mm_processor_kwargs", "model",
+    "parallel_tool_calls", "presence_penalty", "previous_input_messages",
+    "previous_response_id", "priority", "prompt", "prompt_cache_key", "reasoning",
+    "repetition_penalty", "request_id", "return_mm_kwargs", "seed", "service_tier",
+    "session_id", "skip_special_tokens", "stop", "stop_token_ids", "store", "stream",
+    "structured_outputs", "temperature", "text", "tool_choice", "tools", "top_k",
+    "top_logprobs", "top_p", "truncation", "user", "vllm_xargs", "watermarking",
+}  # fmt: skip
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -90,9 +103,26 @@ def test_readme_field_list_is_the_table() -> None:
 
 
 def test_every_vllm_field_is_decided() -> None:
-    # vLLM 0.32's request models' fields (ChatCompletionRequest, CompletionRequest).
+    # vLLM 0.32's request models' fields (ChatCompletionRequest, CompletionRequest,
+    # ResponsesRequest).
     assert VLLM_CHAT - set(CHAT_FIELDS) == set()
     assert VLLM_COMPLETION - set(COMPLETION) == set()
+    assert VLLM_RESPONSES - set(RESPONSES) == set()
+
+
+def test_responses_take_vllms_structured_outputs_and_template_kwargs() -> None:
+    """vLLM's Responses extensions, as on chat: `structured_outputs` (not with
+    `text.format`: a 400 naming it, vLLM's text) and `chat_template_kwargs`."""
+    body: dict[str, Any] = {"input": "hi", "structured_outputs": {"choice": ["a", "b"]}}
+    req = parse_responses({**body, "chat_template_kwargs": {"enable_thinking": False}})
+    assert req.structured is not None and list(req.structured.choice.choices) == ["a", "b"]
+    assert orjson.loads(req.template_kwargs_json) == {"enable_thinking": False}
+    with pytest.raises(ApiError) as info:
+        parse_responses({**body, "text": {"format": {"type": "text"}}})
+    assert (info.value.param, info.value.message) == (
+        "structured_outputs",
+        "Cannot specify both structured_outputs and text.format",
+    )
 
 
 @pytest.mark.parametrize(

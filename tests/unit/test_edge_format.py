@@ -118,3 +118,23 @@ def test_sampled_token_text_comes_from_the_contract_not_the_alternatives() -> No
     )
     chunk = pb.TokenChunk(text=" x z", token_ids=[9, 5], logprobs=[lp])
     assert logprob_entries(chunk)[0]["token"] == " x"
+
+
+def test_continuous_usage_opens_with_the_prompts_count_and_skips_a_continuations() -> None:
+    """The worker's prompt message (a usage, no output) gives the opening its usage; a
+    continuation's own (another worker's, mid-stream) makes no event and changes nothing."""
+    fmt = make_format("chat", "r", "m", 1, include_usage=True)
+    fmt.continuous_usage = fmt.prompt_first = True
+    assert fmt.prompts_due()
+    prompt = pb.TokenChunk(usage=pb.Usage(prompt_tokens=7))
+    assert fmt.events(prompt, None, 0) == [] and not fmt.prompts_due()
+    opening = [orjson.loads(data) for _, data in fmt.opening_events(0)]
+    got = [(c["choices"][0]["delta"]["role"], c["usage"]["prompt_tokens"]) for c in opening]
+    assert got == [("assistant", 7)] and opening[0]["usage"]["completion_tokens"] == 0
+    again = pb.TokenChunk(usage=pb.Usage(prompt_tokens=12))
+    assert fmt.events(again, None, 1) == [] and fmt.opening_usage(0).prompt_tokens == 7  # type: ignore[union-attr]
+    token = pb.TokenChunk(
+        text="x", token_ids=[3], usage=pb.Usage(prompt_tokens=7, completion_tokens=1)
+    )
+    [(_, data)] = fmt.events(token, None, 2)
+    assert orjson.loads(data)["usage"]["completion_tokens"] == 1

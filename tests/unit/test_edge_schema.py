@@ -128,7 +128,7 @@ COMPLETION_CASES = [
     (completion(prompt=[1, -2, 3]), "prompt"),
     (completion(logprobs=21), "logprobs"),
     (completion(logprobs=True), "logprobs"),
-    (completion(echo=True, prompt=[1, 2]), "echo"),
+    (completion(max_tokens=0), "max_tokens"),  # vLLM's: only with `echo`
     (completion(prompt_logprobs=-1), "prompt_logprobs"),
     (completion(prompt_logprobs=21), "prompt_logprobs"),
     (completion(prompt_logprobs=-2), "prompt_logprobs"),
@@ -240,3 +240,13 @@ def test_completion_conversion() -> None:
 
 def test_model_may_be_omitted() -> None:
     assert parse_chat({"messages": CHAT["messages"]}).to_start("r").model == ""
+
+
+def test_completions_echo_of_token_ids_asks_the_worker_for_the_prompts_text() -> None:
+    """vLLM's `echo` of token-id prompts: the worker decodes them (`return_prompt_text`),
+    not asked for a text prompt; with `max_tokens` 0, one token (vLLM's) and the prompt
+    alone shown."""
+    ids = parse_completion(completion(echo=True, prompt=[1, 2], max_tokens=0))
+    text = parse_completion(completion(echo=True, prompt="hi"))
+    got = [(r.to_start("r").return_prompt_text, r.max_tokens, r.prompt_only) for r in (ids, text)]
+    assert got == [(True, 1, True), (False, 16, False)]

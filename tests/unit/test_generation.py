@@ -203,3 +203,20 @@ async def test_thinking_is_split_from_the_answer_and_never_merged_after_it() -> 
     # the text before it.
     chunks = await _thinking_run("<think> a </think> b <think> c </think> d", 0.0)
     assert [(c.reasoning, c.text) for c in chunks] == [(" a ", " b "), (" c ", " d")]
+
+
+async def test_stream_usage_sends_the_prompts_count_before_any_token() -> None:
+    """`stream_usage` (continuous usage stats): the prompt's message comes first with the
+    prompt's count and 0 completion tokens (vLLM's opening chunk); every token chunk
+    after it counts the completion so far."""
+    gen, _ = await make(max_tokens=3, delay=0.001)
+    gen.request.stream_usage = True
+    start(gen)
+    msgs = [pb.GenerateResponse.FromString(raw) for raw in await follow(gen)]
+    prompt = msgs[-1].final.usage.prompt_tokens
+    assert prompt > 0
+    first = msgs[0].chunk
+    assert (first.usage.prompt_tokens, first.usage.completion_tokens) == (prompt, 0)
+    assert (first.text, list(first.token_ids)) == ("", [])
+    counts = [m.chunk.usage.completion_tokens for m in msgs[1:-1]]
+    assert counts == sorted(counts) and counts[-1] == 3 and counts[0] > 0

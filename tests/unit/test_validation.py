@@ -123,6 +123,17 @@ def test_chat_template_inputs_are_checked(inputs, field, says):
     assert (e.value.field, says in e.value.message) == (field, True)
 
 
+def test_template_variables_may_repeat_the_requests_own_fields_as_vllms():
+    """vLLM takes `add_generation_prompt`, `continue_final_message` and `documents` among
+    `chat_template_kwargs` (its request's fields win at rendering): accepted."""
+    from model_service.intake.decode import request_from_pb
+
+    kwargs = '{"add_generation_prompt": false, "continue_final_message": true, "documents": []}'
+    req = request_from_pb(chat_start(template_kwargs_json=kwargs))
+    validate_request(req, MODEL, Limits(max_prompt_bytes=1000))
+    assert (req.add_generation_prompt, req.continue_final_message) == (True, False)
+
+
 def test_continue_final_message_follows_the_contracts_older_form_when_unset():
     """Unset: a final assistant message without a generation prompt is continued (what
     failover continuations send); set, it says so either way."""

@@ -25,6 +25,7 @@ from model_service.engines.sim.text import (
     Lcg,
     SimTokenizer,
     chat_template,
+    decode,
     find_stop,
     prompt_logprobs,
     script_pieces,
@@ -131,6 +132,8 @@ class SimEngine(Engine):
             if request.tools:  # the sim's template shows the tools first
                 pairs.insert(0, ("tools", " ".join(t.name for t in request.tools)))
             return chat_template(tuple(pairs), request.add_generation_prompt)
+        if request.prompt is None and request.prompt_token_ids is not None:
+            return " ".join(decode(request.prompt_token_ids))  # words it has seen
         return request.prompt or ""
 
     async def prompt_text(self, request: GenerationRequest) -> str:
@@ -143,7 +146,7 @@ class SimEngine(Engine):
         if k is None:
             return None
         given = request.prompt is not None or request.messages is not None
-        return prompt_logprobs(ids, words(self._prompt_text(request)) if given else None, k)
+        return prompt_logprobs(ids, words(self._prompt_text(request)) if given else decode(ids), k)
 
     async def embed(self, request: EmbedRequest, ids: list[list[int]]) -> list[list[float]]:
         if self._opts.ttft_s > 0:  # one prefill for the batch

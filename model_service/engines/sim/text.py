@@ -24,9 +24,20 @@ EOS_TOKEN_ID = len(VOCAB)
 _WORD_RE = re.compile(r"\w+|[^\w\s]")
 
 
+_SEEN: dict[int, str] = {}  # token id -> word, of the words tokenized so far (<= 65536)
+
+
 def tokenize(text: str) -> list[int]:
     """A stable word-level tokenizer: each word or punctuation mark is one token."""
-    return [word_id(w) for w in words(text)]
+    ids = [word_id(w) for w in words(text)]
+    _SEEN.update(zip(ids, words(text), strict=True))
+    return ids
+
+
+def decode(ids: list[int]) -> list[str]:
+    """The words of token ids, as far as this process tokenized them (a hash has no
+    inverse): an id never seen is ''."""
+    return [_SEEN.get(i, "") for i in ids]
 
 
 def words(text: str) -> list[str]:
