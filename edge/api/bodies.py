@@ -10,13 +10,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from edge.api.messages import parse_messages
 from edge.api.responses import parse_responses
 from edge.api.schema import GenRequest, Kind, decode_body, parse_chat, parse_completion
 from edge.api.sizes import check_sizes
-from edge.config import SecurityConfig
+
+if TYPE_CHECKING:
+    from edge.config import SecurityConfig
 
 # Smaller bodies parse within ~1 ms: inline, where a hop to the thread would cost more.
 OFF_LOOP_BYTES = 64 * 1024
@@ -29,7 +31,8 @@ _pool = ThreadPoolExecutor(1, thread_name_prefix="sluice-body")
 T = TypeVar("T")
 
 
-async def _run(size: int, step: Callable[..., T], *args: Any) -> T:
+async def run(size: int, step: Callable[..., T], *args: Any) -> T:
+    """`step(*args)` for a body of `size` bytes: in the parse thread when it is large."""
     if size < OFF_LOOP_BYTES:
         return step(*args)
     return await asyncio.get_running_loop().run_in_executor(_pool, step, *args)
@@ -37,13 +40,13 @@ async def _run(size: int, step: Callable[..., T], *args: Any) -> T:
 
 async def decode(raw: bytes) -> dict[str, Any]:
     """`decode_body`: the body's JSON object, or a 400."""
-    return await _run(len(raw), decode_body, raw)
+    return await run(len(raw), decode_body, raw)
 
 
 async def parse(kind: Kind, given: dict[str, Any], size: int, limits: SecurityConfig) -> GenRequest:
     """The endpoint's request from a decoded body of `size` bytes, within the edge's size
     limits (`check_sizes`), or a 400 naming the field."""
-    return await _run(size, _parse, kind, given, limits)
+    return await run(size, _parse, kind, given, limits)
 
 
 def _parse(kind: Kind, given: dict[str, Any], limits: SecurityConfig) -> GenRequest:
