@@ -16,20 +16,13 @@ import grpc
 from starlette.requests import Request
 from starlette.responses import Response
 
-from edge.api import affinity, background, priority, prompts, stored
+from edge.api import affinity, background, bodies, priority, prompts, stored
 from edge.api.formats import format_for
 from edge.api.message_events import MessagesFormat
-from edge.api.messages import parse_messages
 from edge.api.pages import ORJSONResponse
-from edge.api.responses import ResponsesFormat, parse_responses
-from edge.api.schema import (
-    GenRequest,
-    Kind,
-    decode_body,
-    parse_chat,
-    parse_completion,
-)
-from edge.api.sizes import check_sizes, most_tokens
+from edge.api.responses import ResponsesFormat
+from edge.api.schema import GenRequest, Kind
+from edge.api.sizes import most_tokens
 from edge.api.state import EdgeState
 from edge.api.tokens import routing_ids
 from edge.errors import ApiError, from_status
@@ -55,12 +48,6 @@ TIMEOUT_HEADER = "x-request-timeout"  # seconds: the client's own deadline for t
 OPENAI_READ_TIMEOUT_HEADER = "x-stainless-read-timeout"
 _STAMPED_ID = re.compile(r"[0-9a-f]{32}")
 _BROWSER = GenRequest(kind="chat", include_usage=True)  # what stream links render
-_PARSERS = {
-    "chat": parse_chat,
-    "completion": parse_completion,
-    "responses": parse_responses,
-    "messages": parse_messages,
-}
 # Formats whose events depend on all before them: a resume replays their one generation.
 _REPLAYED = frozenset({"responses", "messages"})
 
@@ -137,7 +124,7 @@ async def _prepare(state: EdgeState, request: Request, kind: Kind) -> Prepared:
     rec = record_of(request.scope)
     if rec.bodies:  # for the audit log (`--audit-bodies`)
         rec.request_body = raw
-    given = decode_body(raw)
+    given = await bodies.decode(raw)
     conversation = None
     request_id = new_request_id()
     continues = kind == "responses" and given.get("previous_response_id") is not None
@@ -150,9 +137,7 @@ async def _prepare(state: EdgeState, request: Request, kind: Kind) -> Prepared:
         conversation = stored.Conversation(history, stored.items(given.get("input"), request_id))
         if history:
             given = {**given, "input": [*history, *conversation.input]}
-    roles = cfg.security.chat_roles
-    req = parse_chat(given, roles) if kind == "chat" else _PARSERS[kind](given)
-    check_sizes(req, given, cfg.security)
+    req = await bodies.parse(kind, given, len(raw), cfg.security)
     asked = request.headers.get(priority.HEADER)
     klass, tenant = state.priorities.of(asked, req.service_tier, rec.caller)  # 400/403 here
     rec.model = req.model

@@ -6,25 +6,29 @@ makes them (template included): exactly what a generation would prefill."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from starlette.requests import Request
 from starlette.responses import Response
 
+from edge.api import bodies
 from edge.api.generate import new_request_id, read_body
 from edge.api.messages import parse_messages
 from edge.api.pages import ORJSONResponse
-from edge.api.schema import Kind, decode_body, parse_chat, parse_completion
+from edge.api.schema import GenRequest, Kind
 from edge.api.sizes import check_sizes
 from edge.api.state import EdgeState
 from edge.api.tokens import tokenize_request
 from generated import sluice_pb2 as pb
 
+if TYPE_CHECKING:
+    from edge.config import SecurityConfig
+
 
 async def render(state: EdgeState, request: Request, kind: Kind) -> Response:
     cfg = state.config
-    body = decode_body(await read_body(request, cfg.server.max_body_bytes))
-    chat = kind == "chat"
-    req = parse_chat(body, cfg.security.chat_roles) if chat else parse_completion(body)
-    check_sizes(req, body, cfg.security)
+    raw = await read_body(request, cfg.server.max_body_bytes)
+    req = await bodies.parse(kind, await bodies.decode(raw), len(raw), cfg.security)
     worker = state.workers().pick(req.model)
     if req.messages is not None:
         ids = await worker.tokenize(tokenize_request(req))
@@ -40,8 +44,13 @@ async def render(state: EdgeState, request: Request, kind: Kind) -> Response:
 async def count_tokens(state: EdgeState, request: Request) -> Response:
     """POST /v1/messages/count_tokens: `{"input_tokens": N}` for a Messages body."""
     cfg = state.config
-    body = decode_body(await read_body(request, cfg.server.max_body_bytes))
-    req = parse_messages(body, count=True)
-    check_sizes(req, body, cfg.security)
+    raw = await read_body(request, cfg.server.max_body_bytes)
+    req = await bodies.run(len(raw), _counted, await bodies.decode(raw), cfg.security)
     ids = await state.workers().pick(req.model).tokenize(tokenize_request(req))
     return ORJSONResponse({"input_tokens": len(ids)})
+
+
+def _counted(body: dict[str, object], limits: SecurityConfig) -> GenRequest:
+    req = parse_messages(body, count=True)
+    check_sizes(req, body, limits)
+    return req

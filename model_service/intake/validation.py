@@ -67,10 +67,18 @@ def _validate_input(req: GenerationRequest, model: ModelInfo, limits: LimitsConf
             for j, call in enumerate(m.tool_calls):
                 field = f"chat.messages[{i}].tool_calls[{j}].arguments"
                 nesting.check_maybe_json(call.arguments, field)
+                size += len(call.arguments.encode())
         size += _validate_template_inputs(req)
         if size > limits.max_prompt_bytes:
             raise InvalidArgument(
                 "chat.messages", f"content exceeds {limits.max_prompt_bytes} bytes"
+            )
+        # The template renders the tools' descriptions into the prompt too.
+        size += sum(len(t.name) + len(t.description.encode()) for t in req.tools)
+        if size > limits.max_prompt_bytes:
+            raise InvalidArgument(
+                "chat.tools",
+                f"content with the tools' descriptions exceeds {limits.max_prompt_bytes} bytes",
             )
         if not any(m.content or m.tool_calls for m in req.messages):
             raise InvalidArgument("chat.messages", "all messages are empty")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import grpc
 import pytest
@@ -159,3 +160,30 @@ async def test_a_worker_bug_while_ending_still_ends_the_log_with_a_final():
         grpc.StatusCode.INTERNAL.value[0],
         "the worker failed the generation",
     )
+
+
+async def test_a_large_start_is_decoded_and_validated_off_the_loop(monkeypatch):
+    """Over OFF_LOOP_BYTES a start's decode and checks run in a thread (a 0.4 MB schema's
+    took ~12 ms of the loop); a small one inline; a refusal comes back either way."""
+    from model_service import core as core_module
+    from model_service.intake import decode
+
+    threads = []
+    real = decode.request_from_pb
+
+    def recorded(s):  # type: ignore[no-untyped-def]
+        threads.append(threading.current_thread() is threading.main_thread())
+        return real(s)
+
+    monkeypatch.setattr(decode, "request_from_pb", recorded)
+    core = await make_core()
+    small, large = start("small"), start("large")
+    large.prompt = "x" * core_module.OFF_LOOP_BYTES
+    for s in (small, large):
+        await core.prepare(s, None)
+    large.sampling.temperature = -1
+    with pytest.raises(InvalidArgument) as info:
+        await core.prepare(large, None)
+    assert info.value.field == "sampling.temperature"
+    assert threads == [True, False, False]
+    await core.engine.stop()

@@ -4,15 +4,18 @@ digit to `str.isdigit` but not to `int`). The worker refuses the same by name.""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import orjson
 import pytest
 
+from edge.api import bodies
 from edge.api.messages import parse_messages
 from edge.api.nesting import MAX_DEPTH
 from edge.api.responses import parse_responses
 from edge.api.schema import decode_body, parse_chat, parse_completion
+from edge.config import SecurityConfig
 from edge.errors import ApiError
 from generated import sluice_pb2 as pb
 from model_service.config import LimitsConfig
@@ -22,6 +25,7 @@ from model_service.intake.validation import validate_request
 from model_service.types import ModelInfo
 
 USER = '[{"role": "user", "content": "hi"}]'
+TOOL_JSON = '{"type": "function", "function": {"name": "f", "description": "%s"}}' % ("d" * 600)
 
 
 def nested(levels: int) -> str:
@@ -168,3 +172,28 @@ def test_worker_refuses_deep_json_by_name(start: pb.StartGeneration, field: str)
 def test_worker_takes_arguments_that_are_text_or_shallow_json() -> None:
     validate_request(request_from_pb(start_with(arguments="[oops")), MODEL, LimitsConfig())
     validate_request(request_from_pb(start_with(arguments='{"a": [1]}')), MODEL, LimitsConfig())
+
+
+async def test_a_large_body_is_parsed_off_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over OFF_LOOP_BYTES the body's JSON, fields and size limits are read in the parse
+    thread (inline, 128 tools of 25 KB held the edge's loop ~100 ms); a small body inline;
+    a 400 comes back from the thread as from the loop."""
+    on_loop: list[bool] = []
+    real = bodies.decode_body
+
+    def recorded(raw: bytes) -> dict[str, Any]:
+        on_loop.append(threading.current_thread() is threading.main_thread())
+        return real(raw)
+
+    monkeypatch.setattr(bodies, "decode_body", recorded)
+    small = chat('"max_tokens": 4')
+    text = "u" * bodies.OFF_LOOP_BYTES
+    large = f'{{"model": "m", "messages": [{{"role": "user", "content": "{text}"}}]}}'.encode()
+    req = await bodies.parse("chat", await bodies.decode(large), len(large), SecurityConfig())
+    assert req.messages is not None and req.messages[0].content == text
+    await bodies.decode(small)
+    wide = chat(f'"tools": [{", ".join([TOOL_JSON] * 129)}]')
+    with pytest.raises(ApiError) as info:
+        await bodies.parse("chat", await bodies.decode(wide), len(wide), SecurityConfig())
+    assert (info.value.status, info.value.param) == (400, "tools")
+    assert on_loop == [False, True, False]

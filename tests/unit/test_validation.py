@@ -92,6 +92,11 @@ def chat_start(**inputs):
         if name == "documents":
             for d in value:
                 start.chat.documents.add().fields.update(d)
+        elif name == "tools":
+            for t in value:
+                start.chat.tools.add(**t)
+        elif name == "arguments":  # a history tool call's
+            start.chat.messages.add(role="assistant").tool_calls.add(name="f", arguments=value)
         else:
             setattr(start.chat, name, value)
     return start
@@ -110,6 +115,13 @@ def chat_start(**inputs):
         ),
         ({"documents": [{"text": "d"}] * 129}, "chat.documents", "at most 128 documents"),
         ({"documents": [{"text": "d" * 1000}]}, "chat.messages", "exceeds 1000 bytes"),
+        # Rendered into the prompt too: a history call's arguments, the tools' descriptions.
+        ({"arguments": '"' + "a" * 1000 + '"'}, "chat.messages", "exceeds 1000 bytes"),
+        (
+            {"tools": [{"name": n, "description": "d" * 500} for n in "fg"]},
+            "chat.tools",
+            "with the tools' descriptions exceeds 1000 bytes",
+        ),
     ],
 )
 def test_chat_template_inputs_are_checked(inputs, field, says):

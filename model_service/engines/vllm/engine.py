@@ -47,7 +47,7 @@ FINISH_REASONS = {
     "length": FinishReason.LENGTH,
     "abort": FinishReason.CANCELLED,
 }
-# Prompts longer than this are tokenized off the event loop.
+# Prompts longer than this (tool descriptions included) are tokenized off the event loop.
 INLINE_TOKENIZE_CHARS = 8192
 SAMPLING_FIELDS = frozenset(SamplingParams.__dataclass_fields__)
 
@@ -174,7 +174,8 @@ class VllmEngine(Engine):
     async def tokenize(self, request: GenerationRequest) -> list[int]:
         if self._tokenizer is None:
             raise Unavailable("engine is not ready yet")
-        size = sum(len(m.content) for m in request.messages or ()) + len(request.prompt or "")
+        size = len(request.prompt or "") + sum(len(t.description) for t in request.tools)
+        size += sum(len(m.content) for m in request.messages or ())
         if size <= INLINE_TOKENIZE_CHARS:
             return self._tokenize(request)
         loop = asyncio.get_running_loop()
