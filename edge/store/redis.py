@@ -7,13 +7,12 @@ admissions wait `RECOVER_S`; a frozen Redis: a script past its deadline does not
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from typing import Any
 
 from edge.store.base import StoreUnavailable
-from edge.store.connection import RedisConnection
+from edge.store.connection import RedisConnection, cancel_and_wait
 
 log = logging.getLogger("sluice.edge")
 
@@ -182,6 +181,7 @@ class RedisStore(RedisConnection):
         self.orphans: set[tuple[str, str]] = set()  # leases whose admission timed out
         self.reasserted = 0  # leases re-added after the store lost them (metrics, tests)
         self._renewer: asyncio.Task[None] | None = None
+        self._closing = False  # the renewer ends at its next turn (a cancel can be lost)
         self._first = True  # no script answered yet: a missing marker is a new store
         self._offset_ms: float | None = None  # Redis's clock less this process's
 
@@ -308,7 +308,7 @@ class RedisStore(RedisConnection):
         re-adding those Redis lost, then let go the orphans and any lease released while
         the renewal ran (it may have re-added it). A failure is logged and tried again
         next time, the leases living on for the rest of their ttl meanwhile."""
-        while self.held or self.orphans:
+        while (self.held or self.orphans) and not self._closing:
             await asyncio.sleep(every)
             held = list(self.held)
             try:
@@ -329,8 +329,8 @@ class RedisStore(RedisConnection):
                 log.warning("could not renew %d stream leases: %s", len(held), exc)
 
     async def close(self) -> None:
-        if self._renewer is not None:
-            self._renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewer
+        self._closing = True
+        grace = self.timeout_s + RENEW_MAX_S
+        if self._renewer is not None and not await cancel_and_wait(self._renewer, grace):
+            log.warning("the lease renewer did not stop; its leases lapse by their ttl")
         await super().close()
