@@ -168,6 +168,8 @@ def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
             *([audit.render_metrics] if audit is not None else []),
         ]
         tasks.start(meter.run(), "usage meter")
+        if shared is not None:
+            tasks.start(shared.run(), "store presence")
         tasks.start(canary.watch(registry, windows, state.fleet), "canary watch")
         tasks.start(rollouts.watch(), "rollouts watch")
         try:
