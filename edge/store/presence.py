@@ -10,6 +10,7 @@ import asyncio
 import logging
 import secrets
 import time
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -26,23 +27,29 @@ SEEN_S = 30.0  # how long a look at a key is trusted (a key this process holds: 
 SEEN_MAX = 100_000  # keys remembered at most (least recently seen out first)
 
 # KEYS[1] the processes (a sorted set: member, expiry on Redis's clock in ms); ARGV this
-# process, ttl_ms. Renews it, drops the lapsed; returns {live processes, now}.
+# process, ttl_ms. Renews it, drops the lapsed; returns {the live processes, now}.
 BEAT = """
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
 redis.call('ZADD', KEYS[1], now_ms + tonumber(ARGV[2]), ARGV[1])
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]) * 2)
-return {redis.call('ZCARD', KEYS[1]), now_ms}
+return {redis.call('ZRANGE', KEYS[1], 0, -1), now_ms}
 """
 
 
-def outage_limit(limit: int, total: int, own: int, replicas: int) -> int:
-    """The most streams of a key one process may hold while the store fails: its `own`
-    of the `total` held at its last look, and its part of the slots then free. 0 when it
-    held none and the free slots are fewer than the processes (limit 1, two replicas):
-    that key gets no new stream there until Redis is back."""
-    return own + max(0, limit - total) // max(1, replicas)
+def outage_limit(key: str, limit: int, total: int, own: int, replicas: int, rank: int) -> int:
+    """The most streams of `key` one process may hold while the store fails: its `own` of
+    the `total` held at its last look, and its part of the slots then free: an equal
+    share, rounded down, and one of the remainder for as many processes as it has
+    slots, by `rank` (this process's place among the live ones) turned by the key (so
+    not always the same processes; crc32: the same in every process). A process whose
+    part is 0 (fewer free slots than processes, not its turn; a key it saw full) admits
+    none of that key until Redis is back."""
+    n = max(1, replicas)
+    free = max(0, limit - total)
+    turn = (rank - zlib.crc32(key.encode())) % n
+    return own + free // n + (1 if turn < free % n else 0)
 
 
 class Presence:
@@ -55,12 +62,15 @@ class Presence:
         self.key = key
         self.me = secrets.token_hex(8)
         self.replicas = 1
+        self.rank = 0  # this process's place among them (by id)
         self._beat = conn.client.register_script(BEAT)
 
     async def beat(self) -> int:
         ttl_ms = int(PRESENCE_TTL_S * 1000)
         live, _ = await self.conn.call(self._beat(keys=[self.key], args=[self.me, ttl_ms]))
-        self.replicas = max(1, int(live))
+        members = sorted(live)
+        self.replicas = max(1, len(members))
+        self.rank = members.index(self.me) if self.me in members else 0
         return self.replicas
 
     async def run(self) -> None:
@@ -102,6 +112,6 @@ class Sightings:
             total, own, _ = last
             self._seen[key] = (max(0, total - 1), max(0, own - 1), self.timer())
 
-    def limit(self, key: str, limit: int, replicas: int) -> int:
+    def limit(self, key: str, limit: int, replicas: int, rank: int) -> int:
         total, own, _ = self._seen.get(key, (0, 0, 0.0))
-        return outage_limit(limit, total, own, replicas)
+        return outage_limit(key, limit, total, own, replicas, rank)

@@ -304,7 +304,8 @@ class RedisStore(RedisConnection):
     def outage_limit(self, key: str, limit: int) -> int:
         """The most leases of `key` this process may hold while this store fails (see
         `edge.store.presence`)."""
-        return self.sightings.limit(key, limit, self.presence.replicas)
+        presence = self.presence
+        return self.sightings.limit(key, limit, presence.replicas, presence.rank)
 
     async def run(self) -> None:
         """The background work: this process's presence (the lifespan's task)."""
