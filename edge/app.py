@@ -38,6 +38,7 @@ from edge.security.cors import cors_middleware
 from edge.security.limits import Limits, LimitsMiddleware
 from edge.security.usage import Meter
 from edge.store.base import Store
+from edge.store.connection import cancel_and_wait
 from edge.store.control import Control
 from edge.store.guarded import Guarded
 from edge.store.memory import MemoryStore
@@ -49,6 +50,7 @@ from edge.store.windows import WindowCounters
 from edge.upstream.channel import ChannelFactory, channel_options
 
 log = logging.getLogger("sluice.edge")
+STOP_GRACE_S = 5.0  # how long a background task may take to stop, each time it is asked
 
 
 class Supervisor:
@@ -67,8 +69,9 @@ class Supervisor:
     async def stop(self) -> None:
         while self._tasks:
             task = self._tasks.pop()
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)  # a crash is logged already
+            # A crash is logged already; a lost cancel (a Redis call) is asked again.
+            if not await cancel_and_wait(task, STOP_GRACE_S):
+                log.warning("background task %r did not stop", task.get_name())
 
 
 def _report(task: asyncio.Task[None]) -> None:
@@ -166,6 +169,8 @@ def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
             *([audit.render_metrics] if audit is not None else []),
         ]
         tasks.start(meter.run(), "usage meter")
+        if shared is not None:
+            tasks.start(shared.run(), "store presence")
         tasks.start(canary.watch(registry, windows, state.fleet), "canary watch")
         tasks.start(rollouts.watch(), "rollouts watch")
         try:

@@ -1,9 +1,8 @@
 """A shared store with a failure rule: a `StoreUnavailable` marks it down for `retry_s`
-(operations meanwhile skip Redis), then the next tries it again, so recovery needs no
-restart. Open: this process's limits, counting the streams it holds in the shared store
-too (one replica never runs more than a limit alone); closed: `StoreUnavailable` (503).
-Pins and documents fall back to this process in both; a lease is released where it was
-taken."""
+(operations meanwhile skip Redis), then the next tries it again: no restart. Open: this
+process's limits, a key's streams within this process's part of the limit (`presence.py`),
+so it holds across replicas, and its streams added to Redis once it answers; closed:
+`StoreUnavailable` (503). Pins and documents fall back to this process in both."""
 
 from __future__ import annotations
 
@@ -12,8 +11,9 @@ import time
 from collections.abc import Callable
 
 from edge.obs.prom import Exposition
-from edge.store.base import Store, StoreUnavailable
+from edge.store.base import StoreUnavailable
 from edge.store.memory import MemoryStore
+from edge.store.redis import RedisStore
 
 log = logging.getLogger("sluice.edge")
 RETRY_S = 0.5  # how long a failed shared store is left alone before the next try
@@ -24,7 +24,7 @@ class Guarded:
 
     def __init__(
         self,
-        shared: Store,
+        shared: RedisStore,
         local: MemoryStore,
         fail_open: bool,
         retry_s: float = RETRY_S,
@@ -85,22 +85,30 @@ class Guarded:
             raise self._refuse()
         held = await self.local.acquire(key, lease, self._local_limit(key, limit), ttl_s)
         if held:
-            self._local_leases.add((key, lease))
+            self._held_locally(key, lease, ttl_s)
         return held
 
+    def _held_locally(self, key: str, lease: str, ttl_s: float) -> None:
+        self._local_leases.add((key, lease))
+        self.shared.hold_later(key, lease, ttl_s)  # into Redis once it answers
+
     def _local_limit(self, key: str, limit: int) -> int:
-        """The slots left to this process while the shared store fails: `limit` less the
-        leases it holds there (its streams still running)."""
-        return max(0, limit - self.shared.holding(key))
+        """The slots left to this process while the shared store fails: its part of
+        `limit` less the leases it holds in Redis (its streams still running; those
+        held here are counted by the local store)."""
+        in_redis = self.shared.holding(key) - self.local.holding(key)
+        return max(0, self.shared.outage_limit(key, limit) - in_redis)
 
     def holding(self, key: str) -> int:
-        return self.shared.holding(key) + self.local.holding(key)
+        return self.shared.holding(key)  # those held here too (`_held_locally`)
 
     async def release(self, key: str, lease: str) -> None:
         if (key, lease) in self._local_leases:
             self._local_leases.discard((key, lease))
             await self.local.release(key, lease)
-            return
+            if not self.up:  # never in Redis, or it lapses there by its ttl
+                self.shared.forget(key, lease)
+                return
         try:
             await self.shared.release(key, lease)
         except StoreUnavailable as exc:
@@ -120,7 +128,7 @@ class Guarded:
         limit = self._local_limit(key, limit)
         wait, held = await self.local.admit(bucket, rate, burst, key, lease, limit, ttl_s)
         if held:
-            self._local_leases.add((key, lease))
+            self._held_locally(key, lease, ttl_s)
         return wait, held
 
     async def finish(
@@ -183,6 +191,10 @@ class Guarded:
                 self._down(exc)
         return gone
 
+    async def run(self) -> None:
+        """The background work (the lifespan's task): this process's presence."""
+        await self.shared.run()
+
     async def close(self) -> None:
         await self.shared.close()
 
@@ -193,6 +205,13 @@ class Guarded:
             "gauge",
             "1 while the shared store answers (0: failing open or closed, see the mode).",
             [("", int(self.up))],
+        )
+        out.family(
+            "sluice_edge_store_processes",
+            "gauge",
+            "Edge processes sharing the store at the last look (each one's part of a key's "
+            "stream limit while the store fails).",
+            [("", self.shared.presence.replicas)],
         )
         out.family(
             "sluice_edge_store_failures_total",

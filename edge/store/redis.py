@@ -7,13 +7,14 @@ admissions wait `RECOVER_S`; a frozen Redis: a script past its deadline does not
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
+from collections import Counter
 from typing import Any
 
 from edge.store.base import StoreUnavailable
-from edge.store.connection import RedisConnection
+from edge.store.connection import RedisConnection, cancel_and_wait
+from edge.store.presence import Presence, Sightings
 
 log = logging.getLogger("sluice.edge")
 
@@ -95,15 +96,17 @@ return {tostring(take(KEYS[1], now, rate, burst, cost, ARGV[4] == '1')), now_ms}
 )
 
 # KEYS[1] leases, KEYS[2] marker; ARGV lease, limit, ttl_ms, deadline, recover_ms, first.
-# Returns {1 held / 0 full / 'late' / 'wait', ms to wait, now}.
+# Returns {1 held / 0 full / 'late' / 'wait', ms to wait, leases held then (-1: not
+# asked), now}.
 ACQUIRE = (
     LIB
     + """
 local _, now_ms = clock()
-if late(now_ms, tonumber(ARGV[4])) then return {'late', 0, now_ms} end
+if late(now_ms, tonumber(ARGV[4])) then return {'late', 0, -1, now_ms} end
 local wait = settled(KEYS[2], now_ms, tonumber(ARGV[5]), ARGV[6] == '1')
-if wait > 0 then return {'wait', wait, now_ms} end
-return {acquire(KEYS[1], now_ms, ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])), 0, now_ms}
+if wait > 0 then return {'wait', wait, -1, now_ms} end
+local held = acquire(KEYS[1], now_ms, ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]))
+return {held, 0, redis.call('ZCARD', KEYS[1]), now_ms}
 """
 )
 
@@ -111,18 +114,18 @@ return {acquire(KEYS[1], now_ms, ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])),
 # deadline, recover_ms, first. One token, then the lease only if the token was there (a
 # full set keeps the token spent, as a take and then an acquire would); nothing while
 # the lease sets settle. Returns {the wait as a string, 1 held / 0 not / 'wait' (then
-# the ms to wait) / 'late', ms, now}.
+# the ms to wait) / 'late', ms, leases held then (-1: not asked), now}.
 ADMIT = (
     LIB
     + """
 local now, now_ms = clock()
-if late(now_ms, tonumber(ARGV[6])) then return {'0', 'late', 0, now_ms} end
+if late(now_ms, tonumber(ARGV[6])) then return {'0', 'late', 0, -1, now_ms} end
 local settling = settled(KEYS[3], now_ms, tonumber(ARGV[7]), ARGV[8] == '1')
-if settling > 0 then return {'0', 'wait', settling, now_ms} end
+if settling > 0 then return {'0', 'wait', settling, -1, now_ms} end
 local wait = take(KEYS[1], now, tonumber(ARGV[1]), tonumber(ARGV[2]), 1, false)
-if wait > 0 then return {tostring(wait), 0, 0, now_ms} end
+if wait > 0 then return {tostring(wait), 0, 0, -1, now_ms} end
 local held = acquire(KEYS[2], now_ms, ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]))
-return {'0', held, 0, now_ms}
+return {'0', held, 0, redis.call('ZCARD', KEYS[2]), now_ms}
 """
 )
 
@@ -138,22 +141,29 @@ return 1
 """
 )
 
-# KEYS[1] marker, then the lease sets; ARGV[1] ttl_ms, ARGV[2] recover_ms, then one lease
-# per lease set. Renews each lease, re-adding those the store lost (their streams run);
-# a missing marker (Redis lost everything) starts the settling time. Returns {leases
-# re-added, now}.
+# KEYS[1] marker, then the lease sets; ARGV[1] ttl_ms, ARGV[2] recover_ms, ARGV[3]
+# deadline (a renewal run late could re-add a lease let go since), then one lease per
+# lease set. Renews each lease, re-adding those the store lost or never had (their
+# streams run: admitted while it failed open); a missing marker (Redis lost everything)
+# or a lease re-added starts the settling time, so the other holders re-add theirs
+# before anyone is admitted. Returns {leases re-added, the leases each set holds, now}.
 RENEW = (
     LIB
     + """
 local _, now_ms = clock()
+if late(now_ms, tonumber(ARGV[3])) then return {'late', {}, now_ms} end
 settled(KEYS[1], now_ms, tonumber(ARGV[2]), false)
 local ttl = tonumber(ARGV[1])
-local added = 0
+local added, held = 0, {}
 for i = 2, #KEYS do
-  added = added + redis.call('ZADD', KEYS[i], now_ms + ttl, ARGV[i + 1])
+  added = added + redis.call('ZADD', KEYS[i], now_ms + ttl, ARGV[i + 2])
   redis.call('PEXPIRE', KEYS[i], ttl * 2)
 end
-return {added, now_ms}
+for i = 2, #KEYS do held[i - 1] = redis.call('ZCARD', KEYS[i]) end
+if added > 0 and tonumber(redis.call('GET', KEYS[1])) < now_ms + tonumber(ARGV[2]) then
+  redis.call('SET', KEYS[1], now_ms + tonumber(ARGV[2]))
+end
+return {added, held, now_ms}
 """
 )
 
@@ -182,8 +192,11 @@ class RedisStore(RedisConnection):
         self.orphans: set[tuple[str, str]] = set()  # leases whose admission timed out
         self.reasserted = 0  # leases re-added after the store lost them (metrics, tests)
         self._renewer: asyncio.Task[None] | None = None
+        self._closing = False  # the renewer ends at its next turn (a cancel can be lost)
         self._first = True  # no script answered yet: a missing marker is a new store
         self._offset_ms: float | None = None  # Redis's clock less this process's
+        self.presence = Presence(self, f"{prefix}:processes")
+        self.sightings = Sightings()  # each key's leases at the last look (outage rule)
 
     def key(self, kind: str, key: str) -> str:
         return f"{self.prefix}:{kind}:{key}"
@@ -226,7 +239,7 @@ class RedisStore(RedisConnection):
     async def acquire(self, key: str, lease: str, limit: int, ttl_s: float) -> bool:
         keys = [self.key("leases", key), self.marker]
         args: list[Any] = [lease, limit, max(1, int(ttl_s * 1000))]
-        held, _, _ = await self._admitting(key, lease, ttl_s, self._acquire, keys, args)
+        held, *_ = await self._admitting(key, lease, ttl_s, self._acquire, keys, args)
         return bool(held)
 
     async def admit(
@@ -234,30 +247,33 @@ class RedisStore(RedisConnection):
     ) -> tuple[float, bool]:
         keys = [self.key("bucket", bucket), self.key("leases", key), self.marker]
         args: list[Any] = [repr(rate), repr(burst), lease, limit, max(1, int(ttl_s * 1000))]
-        wait, held, _, _ = await self._admitting(key, lease, ttl_s, self._admit, keys, args)
+        wait, held, *_ = await self._admitting(key, lease, ttl_s, self._admit, keys, args)
         return float(wait), bool(held)
 
     async def _admitting(
         self, key: str, lease: str, ttl_s: float, script: Any, keys: list[str], args: list[Any]
     ) -> list[Any]:
-        """Run a script that may hold `lease` (its answer ends: held, ms to wait, now), with
-        its deadline, waiting while the lease sets settle; a held lease is renewed from then
-        on. If the call fails the script may still run (Redis frozen, then thawed): past its
-        deadline it does nothing, and the lease is an orphan the renewer lets go."""
+        """Run a script that may hold `lease` (its answer ends: held, ms to wait, leases
+        held, now), with its deadline, waiting while the lease sets settle; a held lease is
+        renewed from then on. If the call fails the script may still run (Redis frozen,
+        then thawed): past its deadline it does nothing, and the lease is an orphan the
+        renewer lets go."""
         for _ in range(3):
             tail = [self._deadline(), int(RECOVER_S * 1000), "1" if self._first else "0"]
+            asked = time.monotonic()
             try:
                 got = await self._script(script, keys, args + tail)
             except StoreUnavailable:
-                self.orphans.add((key, lease))
-                self._start_renewer(RENEW_MAX_S * 3)
+                self._orphan(key, lease)
                 raise
-            held, wait_ms = got[-3], got[-2]
+            held, wait_ms, count = got[-4], got[-3], got[-2]
             if held == "late":
                 raise self._late()
             if held != "wait":
                 if held:
                     self._hold(key, lease, ttl_s)
+                if count >= 0:
+                    self.sightings.saw(key, count, self.holding(key), asked)
                 return got
             await asyncio.sleep(wait_ms / 1000)
         raise StoreUnavailable(f"redis at {self.url}: still settling after a reset")
@@ -266,17 +282,54 @@ class RedisStore(RedisConnection):
         self.held[(key, lease)] = ttl_s
         self._start_renewer(ttl_s)
 
+    def hold_later(self, key: str, lease: str, ttl_s: float) -> None:
+        """A lease this process holds that Redis does not know (admitted while it failed
+        open): renewed from now on, so added to Redis once it answers."""
+        self._hold(key, lease, ttl_s)
+
+    def forget(self, key: str, lease: str) -> None:
+        """Let `lease` go without a call now (Redis fails): the renewer removes it there
+        once Redis answers, so it holds no slot after the outage."""
+        self._let_go(key, lease)
+        self._orphan(key, lease)
+
+    def _orphan(self, key: str, lease: str) -> None:
+        self.orphans.add((key, lease))
+        self._start_renewer(RENEW_MAX_S * 3)
+
+    def _let_go(self, key: str, lease: str) -> None:
+        if self.held.pop((key, lease), None) is not None:
+            self.sightings.released(key)
+
+    def outage_limit(self, key: str, limit: int) -> int:
+        """The most leases of `key` this process may hold while this store fails (see
+        `edge.store.presence`)."""
+        presence = self.presence
+        return self.sightings.limit(key, limit, presence.replicas, presence.rank)
+
+    async def run(self) -> None:
+        """The background work: this process's presence (the lifespan's task)."""
+        await self.presence.run()
+
     async def release(self, key: str, lease: str) -> None:
-        self.held.pop((key, lease), None)
-        await self.call(self.client.zrem(self.key("leases", key), lease))
+        self._let_go(key, lease)
+        try:
+            await self.call(self.client.zrem(self.key("leases", key), lease))
+        except StoreUnavailable:
+            self._orphan(key, lease)  # removed once Redis answers
+            raise
 
     async def finish(
         self, key: str, lease: str, bucket: str, rate: float, burst: float, cost: float
     ) -> None:
-        self.held.pop((key, lease), None)
+        self._let_go(key, lease)
         keys = [self.key("leases", key), self.key("bucket", bucket)]
         args: list[Any] = [lease, repr(rate), repr(burst), repr(cost)]
-        await self.call(self._finish(keys=keys, args=args))
+        try:
+            await self.call(self._finish(keys=keys, args=args))
+        except StoreUnavailable:
+            self._orphan(key, lease)  # the lease removed once Redis answers
+            raise
 
     def holding(self, key: str) -> int:
         return sum(k == key for k, _ in self.held)
@@ -308,16 +361,21 @@ class RedisStore(RedisConnection):
         re-adding those Redis lost, then let go the orphans and any lease released while
         the renewal ran (it may have re-added it). A failure is logged and tried again
         next time, the leases living on for the rest of their ttl meanwhile."""
-        while self.held or self.orphans:
+        while (self.held or self.orphans) and not self._closing:
             await asyncio.sleep(every)
             held = list(self.held)
             try:
                 if held:
                     keys = [self.marker, *(self.key("leases", k) for k, _ in held)]
                     ttl_ms = int(max(self.held.get(h, every * 3) for h in held) * 1000)
-                    args: list[Any] = [ttl_ms, int(RECOVER_S * 1000)]
+                    args: list[Any] = [ttl_ms, int(RECOVER_S * 1000), self._deadline()]
                     args += [lease for _, lease in held]
-                    added, _ = await self._script(self._renew, keys, args)
+                    asked, own = time.monotonic(), Counter(k for k, _ in held)
+                    added, counts, _ = await self._script(self._renew, keys, args)
+                    if added == "late":
+                        raise self._late()
+                    for (k, _), count in zip(held, counts, strict=True):
+                        self.sightings.saw(k, count, own[k], asked)
                     if added:
                         self.reasserted += added
                         log.warning("re-asserted %d stream leases the store had lost", added)
@@ -329,8 +387,9 @@ class RedisStore(RedisConnection):
                 log.warning("could not renew %d stream leases: %s", len(held), exc)
 
     async def close(self) -> None:
-        if self._renewer is not None:
-            self._renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewer
+        self._closing = True
+        grace = self.timeout_s + RENEW_MAX_S
+        if self._renewer is not None and not await cancel_and_wait(self._renewer, grace):
+            log.warning("the lease renewer did not stop; its leases lapse by their ttl")
+        await self.presence.leave()
         await super().close()

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from edge.store.base import StoreUnavailable
+from edge.store.connection import cancel_and_wait
 from edge.store.guarded import Guarded
 from edge.store.memory import MemoryStore
 from edge.store.redis import RECOVER_S, RedisStore
@@ -138,9 +139,9 @@ async def test_streams_running_when_redis_lost_them_are_counted_again(fault, fai
 @MODES
 async def test_an_admission_that_timed_out_on_a_frozen_redis_never_holds_a_slot(fail_open, request):
     """Redis frozen (SIGSTOP) past the store timeout while an admission waits: it fails by
-    the mode (open: this replica's own slots, less the streams it holds in Redis; closed:
-    StoreUnavailable), and once Redis thaws and runs what waited in its sockets, the
-    admission took no slot there: Redis holds exactly the streams that run."""
+    the mode (open: this replica's part of the limit, less the streams it holds in Redis;
+    closed: StoreUnavailable), and once Redis thaws and runs what waited in its sockets,
+    the admission took no slot there: Redis holds exactly the streams that run."""
     prefix = request.node.name
     with redis_server() as srv:
         async with replicas(srv, prefix, fail_open, timeout_s=0.3) as stores:
@@ -150,18 +151,96 @@ async def test_an_admission_that_timed_out_on_a_frozen_redis_never_holds_a_slot(
             srv.freeze()
             try:
                 if fail_open:
-                    for i in range(LIMIT):  # b holds one in Redis: three more here
+                    # b's look: 2 of 4 held, 1 its own; it counts no other replica (none
+                    # renewed its presence here): its own and the 2 free, 2 more here.
+                    for i in range(LIMIT):
                         got = await b.admit("r", *RATE, "k", f"b{i + 1}", LIMIT, 30)
-                        assert got == (0.0, i < LIMIT - 1)
-                    assert b.holding("k") == LIMIT
+                        assert got == (0.0, i < 2)
+                    assert b.holding("k") == 3
                 else:
                     with pytest.raises(StoreUnavailable):
                         await b.admit("r", *RATE, "k", "b1", LIMIT, 30)
             finally:
                 srv.thaw()
             await answers(srv)
-            assert await leases(srv, prefix) == {"a0", "b0"}
+            running = {"a0", "b0", "b1", "b2"} if fail_open else {"a0", "b0"}
+            assert await leases(srv, prefix) <= running
             await eventually_async(
                 lambda: not b.shared.orphans, what="the timed-out lease let go", timeout=5
             )
-            assert await leases(srv, prefix) == {"a0", "b0"}
+
+            async def holds_what_runs() -> bool:  # those admitted meanwhile: the renewer
+                return await leases(srv, prefix) == running
+
+            await eventually_async(holds_what_runs, what=f"Redis holds {running}", timeout=5)
+
+
+@contextlib.asynccontextmanager
+async def present(stores: list[Guarded]) -> AsyncIterator[None]:
+    """Each replica's presence renewed (the lifespan's task), until each counts them all."""
+    beats = [asyncio.create_task(s.run()) for s in stores]
+    try:
+        await eventually_async(
+            lambda: all(s.shared.presence.replicas == len(stores) for s in stores),
+            what="each replica counts the others",
+            timeout=5,
+        )
+        yield
+    finally:
+        for t in beats:
+            await cancel_and_wait(t, 1.0)
+
+
+@pytest.mark.parametrize("fault", ["freeze", "kill"])
+async def test_failing_open_the_replicas_together_never_pass_a_keys_limit(fault, request):
+    """Two replicas failing open while Redis is frozen (SIGSTOP) or killed -9 (restarted
+    empty after): each holds its own streams and its part of the slots free at its last
+    look (here none: the key is full, 3 streams on one replica and 1 on the other), so
+    together never more than the limit, however often they try; the slots of streams
+    that end meanwhile are shared out (two freed on a: one for each, b's look is older:
+    a gets one). Once Redis answers it holds exactly the streams that run (the ones
+    admitted meanwhile added, the ended ones removed), and the free slots are admitted
+    at once: no spurious refusal."""
+    prefix = request.node.name
+    with redis_server() as srv:
+        async with replicas(srv, prefix, True, timeout_s=0.25) as stores, present(stores):
+            a, b = stores
+            running: dict[str, Guarded] = {}
+            tries = iter(range(1000))
+
+            async def admitted(s: Guarded) -> bool:
+                lease = f"{'ab'[stores.index(s)]}{next(tries)}"
+                wait, held = await s.admit("r", *RATE, "k", lease, LIMIT, 30)
+                assert wait == 0
+                if held:
+                    running[lease] = s
+                assert len(running) <= LIMIT, sorted(running)
+                return held
+
+            async def end(lease: str) -> None:
+                await running.pop(lease).finish("k", lease, "r", *RATE, 0)
+
+            assert [await admitted(s) for s in (a, a, a, b)] == [True] * 4
+            assert [await admitted(s) for s in (a, b)] == [False] * 2  # full: each looks
+            srv.freeze() if fault == "freeze" else srv.kill()
+            try:
+                assert [await admitted(s) for s in (a, b) * 3] == [False] * 6
+                assert a.failures and b.failures  # failing open, not refused
+                for lease in [k for k, s in running.items() if s is a][:2]:
+                    await end(lease)
+                assert [await admitted(s) for s in (a, b) * 3] == [True] + [False] * 5
+                assert (a.holding("k"), b.holding("k")) == (2, 1)
+            finally:
+                srv.thaw() if fault == "freeze" else srv.start()
+            await answers(srv)
+
+            async def redis_holds_what_runs() -> bool:
+                return a.up and b.up and await leases(srv, prefix) == set(running)
+
+            await eventually_async(
+                redis_holds_what_runs, what="Redis holds the running streams", timeout=5
+            )
+            fallbacks = [s.fallbacks for s in stores]
+            assert [await admitted(s) for s in (b, a, b)] == [True, False, False]
+            assert await leases(srv, prefix) == set(running)
+            assert [s.fallbacks for s in stores] == fallbacks  # Redis answered each
