@@ -1,10 +1,9 @@
 """`kv_aware`: each worker's longest held prefix of a prompt, by its KV-cache events
-(`upstream/cachefeed.py`), the prompt's token ids hashed as the engine names blocks. One
-walk, hashing only as deep as the decision needs: it stops at the first block nobody
-holds, or once one worker alone still holds them all and more cannot change the pick (a
-conversation's later turns hash their shared part plus a few blocks, not the history).
-Each block is one probe of the feeds' shared `Owners` (a bit per worker), and its hash
-comes from `HashMemo` when an earlier turn of the conversation computed it."""
+(`upstream/cachefeed.py`: one `Owners` probe a block), the prompt's token ids hashed as
+the engine names blocks (`HashMemo`: earlier turns' hashes kept). One walk, only as deep
+as the decision needs: it stops at the first block nobody holds, or once one worker alone
+still holds them all and more cannot change the pick (a conversation's later turns hash
+their shared part plus a few blocks, not the history)."""
 
 from __future__ import annotations
 
@@ -17,8 +16,8 @@ from sluice_common import blocks
 # final): the depth past which the pick is decided whatever i holds beyond (0: now).
 Decided = Callable[[int, list[int]], float]
 # Blocks `HashMemo` keeps (~0.9 KB each: the key's 16 token ids as Python ints, the
-# digests): about 1,000 conversations' first 32 blocks, 30 MB at most.
-MEMO_BLOCKS = 32_768
+# digests): 500 conversations' first 32 blocks, 15 MB at most.
+MEMO_BLOCKS = 16_384
 
 
 class HashMemo:

@@ -1,11 +1,9 @@
 """A worker's prefix cache as its `WatchCache` stream tells this edge (`kv_aware` pools):
 block hashes (at most `cap`, oldest out) and how they are named (`layout`). The stream
 ending (the worker died or restarted) or a sequence gap drops them at once; a snapshot
-replaces them. A worker without events is asked again now and then.
-
-`Owners` is the same facts turned round, for the walk (`routing/kvaware.py`): per block
-hash, one bit per live feed holding it, so a prompt's block costs one dict probe
-whatever the number of workers. Every feed of a process shares `OWNERS`."""
+replaces them. A worker without events is asked again now and then. `Owners` (one per
+process) turns every feed round for the walk: per hash, a bit per live feed holding it,
+so a prompt's block is one probe whatever the number of workers."""
 
 from __future__ import annotations
 
