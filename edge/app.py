@@ -121,6 +121,7 @@ def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
     ledger: Ledger = RedisLedger(s.url, s.timeout_s, s.prefix) if s.url else MemoryLedger()
     state.ledger = ledger
     meter = Meter(ledger)
+    state.usage = meter.record
     audit = audit_log(config)
 
     @contextlib.asynccontextmanager
@@ -170,6 +171,7 @@ def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
         try:
             yield
         finally:  # after uvicorn drained the streams; each step after the one before
+            await state.background.close(state.store)  # their generations run on: handed over
             await tasks.stop()  # usage, rollouts, canary, fleet windows and watch, metrics
             await meter.flush()  # the last generations' usage (the streams are over)
             if audit is not None:

@@ -169,7 +169,9 @@ RESPONSES: dict[str, Field] = {
     "truncation": refused("prompts are never truncated", "disabled"),
     "previous_response_id": served("a stored response of the same key, on any replica"),
     "conversation": refused("this server keeps no conversations"),
-    "background": refused("use a stream link (POST /v1/streams)", False),
+    "background": served(
+        "true runs it detached (stored): poll it, stream it from `starting_after`, cancel it"
+    ),
     "prompt": refused("no stored prompts"),
     "reasoning": ignored("reasoning items come with a worker's --reasoning-parser"),
     "include": served(

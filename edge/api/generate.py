@@ -16,7 +16,7 @@ import grpc
 from starlette.requests import Request
 from starlette.responses import Response
 
-from edge.api import affinity, priority, prompts, stored
+from edge.api import affinity, background, priority, prompts, stored
 from edge.api.formats import format_for
 from edge.api.message_events import MessagesFormat
 from edge.api.messages import parse_messages
@@ -142,7 +142,8 @@ async def _prepare(state: EdgeState, request: Request, kind: Kind) -> Prepared:
     conversation = None
     request_id = new_request_id()
     continues = kind == "responses" and given.get("previous_response_id") is not None
-    if continues or (kind == "responses" and given.get("store") is True):
+    kept = given.get("store") is True or given.get("background") is True
+    if continues or (kind == "responses" and kept):
         # What it continues (`previous_response_id`), what it will store.
         history = []
         if continues:
@@ -253,6 +254,10 @@ async def generate(state: EdgeState, request: Request, kind: Kind) -> Response |
                 code="resume_body_mismatch",
             )
         return _resume(state, request, kind, point, p.req)
+    if p.req.echo.get("background"):  # detached: runs on for --stream-grace without us
+        call = await _failover(state, request, p, cfg.stream_grace_s, cfg.request_timeout_s)
+        model = p.req.model or call.worker.model_id()
+        return await background.launch(state, request, p, call, model)
     stamps = cfg.allow_stamps and request.headers.get(STAMP_HEADER) == "1"
     timeout = timeout_s(request, p.req.stream, cfg.request_timeout_s)
     call = await _failover(state, request, p, cfg.detach_grace_s, timeout, stamps)

@@ -222,3 +222,19 @@ class ResponsesFormat:
         status = "incomplete" if final.reason == pb.FINISH_REASON_LENGTH else "completed"
         self.final = self._response(status, final)
         return self.final
+
+    # -- background responses (`edge.api.background`) -----------------------------------
+
+    def snapshot(self, status: str) -> dict[str, Any]:
+        """The response as it stands (`queued`, `in_progress`): the output so far."""
+        return {**self._response(status), "output": [dict(i) for i in self._items]}
+
+    def stopped(self, status: str, final: pb.Final | None, error: Any = None) -> dict[str, Any]:
+        """A response that ended without finishing (`cancelled`, `failed`): its output so
+        far, its open item closed as `incomplete`, the usage its final counted."""
+        if self._open:
+            self._items[-1]["status"] = "incomplete"
+            self._open = False
+        self.final = self._response(status, final)
+        self.final["error"] = error
+        return self.final

@@ -170,7 +170,15 @@ def parse_responses(body: dict[str, Any]) -> GenRequest:
     store = body.get("store")
     if store is not None and not isinstance(store, bool):
         raise invalid("store", "'store' must be a boolean")
-    req.echo["store"] = bool(store)  # kept only when asked (OpenAI's default is true)
+    background = body.get("background")
+    if background is not None and not isinstance(background, bool):
+        raise invalid("background", "'background' must be a boolean")
+    if background and store is False:  # as OpenAI and vLLM refuse it
+        raise invalid("background", "background can only be used when `store` is true")
+    # Kept only when asked (OpenAI's default is true); a background response always is.
+    req.echo["store"] = bool(store or background)
+    if background:
+        req.echo["background"] = True
     _extras(body, req)
     return req
 

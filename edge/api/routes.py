@@ -12,7 +12,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from edge.api import admin, generate, pages, render, stored
+from edge.api import admin, background, generate, pages, render, stored
 from edge.api.state import EdgeState
 from edge.errors import ApiError, error_response, internal_error
 from edge.obs.record import record_of
@@ -43,8 +43,9 @@ PAGE_ROUTES = [
     Route("/readyz", pages.readyz, methods=["GET"]),
     Route("/metrics", pages.metrics, methods=["GET"]),
     # Stored Responses (`store: true`).
-    Route("/v1/responses/{response_id}", stored.response, methods=["GET", "DELETE"]),
+    Route("/v1/responses/{response_id}", background.response, methods=["GET", "DELETE"]),
     Route("/v1/responses/{response_id}/input_items", stored.input_items, methods=["GET"]),
+    Route("/v1/responses/{response_id}/cancel", background.cancel, methods=["POST"]),
 ]
 # Every route label the metrics know (parameters as templates).
 ROUTE_LABELS = [

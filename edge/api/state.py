@@ -5,15 +5,18 @@ rollouts, the draining flag, and the resume and cookie codecs. Built by the boot
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from edge.api.affinity import CookieCodec
 from edge.api.detached import DetachedStreams
 from edge.api.priority import Priorities
+from edge.api.runs import BackgroundRuns
 from edge.config import EdgeConfig
 from edge.errors import no_worker
 from edge.obs.metrics import Metrics
 from edge.obs.multiproc import SharedMetrics
+from edge.obs.record import RequestRecord
 from edge.release.fleet_rollouts import FleetRollouts
 from edge.release.rollouts import Rollouts
 from edge.release.windows import FleetWindows
@@ -40,7 +43,10 @@ class EdgeState:
     priorities: Priorities = field(default_factory=Priorities)  # the keys' classes
     ledger: Ledger | None = None  # usage per key, tenant, model and day (/admin/usage)
     store: Store | None = None  # limits, pins and stored responses (set by the bootstrap)
+    # A usage record made outside a request (a background response's end): the meter's.
+    usage: Callable[[RequestRecord], None] | None = None
     draining: bool = False
+    background: BackgroundRuns = field(default_factory=BackgroundRuns)  # followed here
     codec: ResumeCodec = field(init=False)
     detached: DetachedStreams = field(init=False)  # browser streams' held slots
     cookies: CookieCodec = field(init=False)  # the sticky session cookie

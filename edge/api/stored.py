@@ -35,21 +35,21 @@ class Conversation:
     input: list[Any] = field(default_factory=list)
 
 
-def _key(owner: str, response_id: str) -> str:
+def doc_key(owner: str, response_id: str) -> str:
     return f"responses/{owner}/{response_id}"
 
 
-def _owner(request: Request) -> str:
+def owner_of(request: Request) -> str:
     return record_of(request.scope).caller or ""
 
 
-def _store(state: EdgeState) -> Any:
+def store_of(state: EdgeState) -> Any:
     if state.store is None:
         raise ApiError(503, "the edge is starting", type="server_error", code="unavailable")
     return state.store
 
 
-def _unavailable(exc: StoreUnavailable) -> ApiError:
+def unavailable(exc: StoreUnavailable) -> ApiError:
     return ApiError(
         503,
         "stored responses are unavailable now (the shared store failed); retry later",
@@ -80,9 +80,9 @@ def items(given: Any, request_id: str) -> list[Any]:
 
 async def _load(state: EdgeState, owner: str, response_id: str) -> dict[str, Any] | None:
     try:
-        doc = await _store(state).get_doc(_key(owner, response_id))
+        doc = await store_of(state).get_doc(doc_key(owner, response_id))
     except StoreUnavailable as exc:
-        raise _unavailable(exc) from None
+        raise unavailable(exc) from None
     return None if doc is None else orjson.loads(doc)
 
 
@@ -117,7 +117,7 @@ async def keep(
                     fmt.response_id, len(text))  # fmt: skip
         return
     try:
-        await _store(state).put_doc(_key(owner, fmt.response_id), text, cfg.responses_ttl_s)
+        await store_of(state).put_doc(doc_key(owner, fmt.response_id), text, cfg.responses_ttl_s)
     except StoreUnavailable as exc:
         log.warning("response %s not stored: %s", fmt.response_id, exc)
 
@@ -129,10 +129,10 @@ def _not_found(response_id: str) -> ApiError:
     )  # fmt: skip
 
 
-async def _found(request: Request) -> tuple[str, dict[str, Any]]:
+async def found(request: Request) -> tuple[str, dict[str, Any]]:
     state: EdgeState = request.app.state.edge
     response_id = request.path_params["response_id"]
-    doc = await _load(state, _owner(request), response_id)
+    doc = await _load(state, owner_of(request), response_id)
     if doc is None:
         raise _not_found(response_id)
     return response_id, doc
@@ -140,13 +140,13 @@ async def _found(request: Request) -> tuple[str, dict[str, Any]]:
 
 async def response(request: Request) -> Response:
     """GET /v1/responses/{id}: the stored response; DELETE: forget it."""
-    response_id, doc = await _found(request)
+    response_id, doc = await found(request)
     if request.method == "DELETE":
         state: EdgeState = request.app.state.edge
         try:
-            await _store(state).delete_doc(_key(_owner(request), response_id))
+            await store_of(state).delete_doc(doc_key(owner_of(request), response_id))
         except StoreUnavailable as exc:
-            raise _unavailable(exc) from None
+            raise unavailable(exc) from None
         return ORJSONResponse({"id": response_id, "object": "response", "deleted": True})
     return ORJSONResponse(doc["response"])
 
@@ -154,7 +154,7 @@ async def response(request: Request) -> Response:
 async def input_items(request: Request) -> Response:
     """GET /v1/responses/{id}/input_items: its own input items, a page (`order` desc by
     default, `limit` 1-100, `after` an item id)."""
-    _, doc = await _found(request)
+    _, doc = await found(request)
     q = request.query_params
     order = q.get("order", "desc")
     if order not in ("asc", "desc"):
