@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import islice
 
 import grpc
 
@@ -27,12 +29,18 @@ _NO_EVENTS = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNIMPLEMENTED
 
 class Owners:
     """Per block hash, a bit mask of the live feeds that hold it (module docstring). A
-    feed takes a bit when it goes live and gives it back, cleared, when it resets."""
+    feed takes a bit when it goes live and gives it back when it resets; the bit is
+    cleared from what it held `SWEEP` blocks per message applied (`sweep`: a full feed
+    at once would stall the loop ~25 ms) and only then taken again. Until then it may
+    linger on blocks, which no walk reads: a walk looks for live feeds' bits only."""
+
+    SWEEP = 4096
 
     def __init__(self) -> None:
         self.masks: dict[int, int] = {}
         self._free: list[int] = []
         self._next = 0
+        self._retiring: deque[tuple[int, Iterator[int]]] = deque()
 
     def take(self) -> int:
         if self._free:
@@ -41,9 +49,19 @@ class Owners:
         return 1 << (self._next - 1)
 
     def give(self, bit: int, held: Iterable[int]) -> None:
-        """`bit`'s feed holds nothing any more (`held`: what it held)."""
-        self.drop(held, bit)
-        self._free.append(bit)
+        """`bit`'s feed holds nothing any more (`held`: what it held, left unchanged)."""
+        self._retiring.append((bit, iter(held)))
+
+    def sweep(self, budget: int = SWEEP) -> None:
+        """Clear up to `budget` blocks of given-back bits; a bit cleared is free again."""
+        while budget > 0 and self._retiring:
+            bit, rest = self._retiring[0]
+            chunk = list(islice(rest, budget))
+            self.drop(chunk, bit)
+            if len(chunk) < budget:
+                self._retiring.popleft()
+                self._free.append(bit)
+            budget -= len(chunk) + 1
 
     def add(self, hashes: Iterable[int], bit: int) -> None:
         masks = self.masks
@@ -141,6 +159,7 @@ class CacheFeed:
             return False
         self._next_seq += 1
         self.events += 1
+        self.owners.sweep()
         if msg.snapshot:
             self._unown()
             self.layout = msg.layout
