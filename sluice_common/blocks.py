@@ -29,6 +29,11 @@ def as_int(digest: bytes) -> int:
     return int.from_bytes(digest, "big") & _LOW_64
 
 
+def digest(parent: bytes, block: tuple[int, ...]) -> bytes:
+    """A block's full hash, from its parent's and its token ids (`chain`, one step)."""
+    return hashlib.sha256(pickle.dumps((parent, block, None), protocol=_PROTOCOL)).digest()
+
+
 def chain(token_ids: Sequence[int], block_size: int, root: bytes) -> Iterator[int]:
     """The hash of each full block of `token_ids` in turn (lazily: a caller that stops at
     the first block nobody holds pays for no more)."""

@@ -1,19 +1,52 @@
 """`kv_aware`: each worker's longest held prefix of a prompt, by its KV-cache events
-(`upstream/cachefeed.py`), the prompt's token ids hashed as the engine names blocks. One
-walk, hashing only as deep as the decision needs: it stops at the first block nobody
-holds, or once one worker alone still holds them all and more cannot change the pick (a
-conversation's later turns hash their shared part plus a few blocks, not the history)."""
+(`upstream/cachefeed.py`: one `Owners` probe a block), the prompt's token ids hashed as
+the engine names blocks (`HashMemo`: earlier turns' hashes kept). One walk, only as deep
+as the decision needs: it stops at the first block nobody holds, or once one worker alone
+still holds them all and more cannot change the pick (a conversation's later turns hash
+their shared part plus a few blocks, not the history)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from edge.upstream.cachefeed import CacheFeed
 from sluice_common import blocks
 
-# Whether the pick is decided whatever worker i, holding its first n blocks (a lower
-# bound), holds beyond them, given every worker's hits so far (the others' final).
-Decided = Callable[[int, int, list[int]], bool]
+# Given every worker's hits so far, with worker i the last holding them all (the others'
+# final): the depth past which the pick is decided whatever i holds beyond (0: now).
+Decided = Callable[[int, list[int]], float]
+# Blocks `HashMemo` keeps (~0.9 KB each: the key's 16 token ids as Python ints, the
+# digests): 500 conversations' first 32 blocks, 15 MB at most.
+MEMO_BLOCKS = 16_384
+
+
+class HashMemo:
+    """Block hashes computed before, by (parent digest, token ids): exact, as the chain is
+    (a block's hash names its whole prefix). A hit costs a tuple and a probe (~0.3 µs)
+    where hashing costs a pickle and a SHA-256 (~1.5 µs). Emptied when full: a
+    conversation's next turn then hashes again once."""
+
+    def __init__(self, size: int = MEMO_BLOCKS) -> None:
+        self.size = size
+        self._known: dict[tuple[bytes, tuple[int, ...]], tuple[bytes, int]] = {}
+
+    def __len__(self) -> int:
+        return len(self._known)
+
+    def chain(self, ids: Sequence[int], block_size: int, root: bytes) -> Iterator[int]:
+        """`blocks.chain`, through the memo."""
+        known, parent = self._known, root
+        for start in range(0, len(ids) - block_size + 1, block_size):
+            key = (parent, tuple(ids[start : start + block_size]))
+            got = known.get(key)
+            if got is None:
+                full = blocks.digest(*key)
+                got = (full, blocks.as_int(full))
+                if len(known) >= self.size:
+                    known.clear()
+                known[key] = got
+            parent = got[0]
+            yield got[1]
 
 
 def usable(feeds: Sequence[CacheFeed]) -> CacheFeed | None:
@@ -26,7 +59,10 @@ def usable(feeds: Sequence[CacheFeed]) -> CacheFeed | None:
 
 
 def held_prefix(
-    ids: Sequence[int], feeds: Sequence[CacheFeed], decided: Decided | None = None
+    ids: Sequence[int],
+    feeds: Sequence[CacheFeed],
+    decided: Decided | None = None,
+    memo: HashMemo | None = None,
 ) -> list[int]:
     """For each worker: how many of the prompt's full blocks, from the first, it holds
     (a lower bound for the last holder once `decided` says more cannot change the pick)."""
@@ -34,42 +70,53 @@ def held_prefix(
     first = usable(feeds)
     if first is None or first.naming is None:
         return hits
-    naming = first.naming
-    alive = [(i, f.held) for i, f in enumerate(feeds) if f.naming == naming]
-    depth = 0
-    for h in blocks.chain(ids, *naming):
-        still = [p for p in alive if h in p[1]]
-        if len(still) != len(alive):
-            for i, _ in alive:
-                hits[i] = depth  # those dropping out now keep this; the rest are raised below
+    naming, owners = first.naming, first.owners
+    index: dict[int, int] = {}  # a live feed's bit -> its place in `feeds`
+    for i, f in enumerate(feeds):
+        if f.bit and f.naming == naming and f.owners is owners:
+            index[f.bit] = i
+    alive = sum(index)  # the bits of those holding every block so far
+    masks = owners.masks
+    depth, need = 0, -1.0  # need: `decided`'s depth once one holder is left
+    hashes = memo.chain(ids, *naming) if memo is not None else blocks.chain(ids, *naming)
+    for h in hashes:
+        still = masks.get(h, 0) & alive
+        if still != alive:
+            gone = alive ^ still
+            while gone:  # those dropping out now keep this depth
+                low = gone & -gone
+                hits[index[low]] = depth
+                gone ^= low
             alive = still
             if not alive:
                 return hits
         depth += 1
-        if len(alive) == 1 and decided is not None and decided(alive[0][0], depth, hits):
-            break
-    for i, _ in alive:
-        hits[i] = depth
+        if decided is not None and not alive & (alive - 1):
+            if need < 0:
+                need = decided(index[alive], hits)
+            if depth > need:
+                break
+    while alive:
+        low = alive & -alive
+        hits[index[low]] = depth
+        alive ^= low
     return hits
 
 
 def lone_holder(loads: Sequence[float], total: int, load_weight: float) -> Decided:
     """`decided` for `scores.cache_aware`'s score (hit fraction - weight x load / (mean + 1)):
-    the last worker holding the prompt, with n blocks, either beats every other worker's
-    final score already (more blocks only raise it) or cannot even with all of them."""
+    the depth past which the last worker holding the prompt beats every other worker's
+    final score (more blocks only raise its own), or 0 when it cannot even with all of
+    them. Worked out once, when one holder is left: the walk then compares integers."""
     mean = sum(loads) / len(loads) if loads else 0.0
     scale = load_weight / (mean + 1.0)
-    best_other: list[float] = []
 
-    def decided(i: int, n: int, hits: list[int]) -> bool:
+    def decided(i: int, hits: list[int]) -> float:
         if not total:
-            return True
-        if not best_other:  # the others' hits are final once i is the last holder
-            pairs = enumerate(zip(hits, loads, strict=True))
-            best_other.append(
-                max((h / total - scale * x for j, (h, x) in pairs if j != i), default=-1.0)
-            )
+            return 0.0
+        pairs = enumerate(zip(hits, loads, strict=True))  # the others' hits are final
+        best = max((h / total - scale * x for j, (h, x) in pairs if j != i), default=-1.0)
         own = scale * loads[i]
-        return n / total - own > best_other[0] or 1.0 - own <= best_other[0]
+        return 0.0 if 1.0 - own <= best else total * (best + own)
 
     return decided

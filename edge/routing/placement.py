@@ -32,6 +32,7 @@ class Placement:
         o = self.opts
         self._params = CacheAware(o.cache_load_weight, o.cache_balance_abs, o.cache_balance_rel)
         self.index = PrefixIndex()
+        self.memo = kvaware.HashMemo()  # kv_aware's block hashes of earlier turns
         self.decisions: dict[str, int] = {}  # cache_aware picks by reason
 
     @property
@@ -76,7 +77,7 @@ class Placement:
         first = kvaware.usable(feeds)
         total = len(ids) // first.block_size if first is not None else 0
         decided = kvaware.lone_holder(loads, total, self._params.load_weight)
-        hits = kvaware.held_prefix(ids, feeds, decided)
+        hits = kvaware.held_prefix(ids, feeds, decided, self.memo)
         i, reason = cache_aware(hits, total, loads, self._params, self._rng)
         self.decisions[f"kv_{reason}"] = self.decisions.get(f"kv_{reason}", 0) + 1
         return workers[i]

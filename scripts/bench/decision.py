@@ -126,7 +126,7 @@ def _time(
         out.append((clock() - t0) / 1000)
         cpu_ns += cpu() - c0
         if kv:  # its events: the worker now holds the conversation's blocks
-            worker.cache.held.update(dict.fromkeys(held[k]))
+            worker.cache.change(held[k])
         worker.in_flight += 1
         running.append(worker)
         if len(running) > IN_FLIGHT:

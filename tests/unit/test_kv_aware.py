@@ -13,7 +13,7 @@ from edge.routing.pools import PoolSpec
 from edge.routing.prefix import Prompt
 from edge.routing.registry import PoolRegistry
 from edge.routing.scores import CacheAware, cache_aware
-from edge.upstream.cachefeed import CacheFeed
+from edge.upstream.cachefeed import CacheFeed, Owners
 from edge.upstream.channel import ChannelFactory
 from edge.upstream.worker import SERVING, Worker
 from generated import sluice_pb2 as pb
@@ -119,6 +119,47 @@ def test_the_feed_follows_snapshots_and_changes_and_stops_at_a_gap() -> None:
     other = CacheFeed("w", None, cap=10)  # type: ignore[arg-type]
     assert other.apply(_events(0, True, stored=[1], hash_algo="xxhash"))
     assert not other.live  # a layout the edge cannot compute: routing ignores it
+
+
+def test_the_owners_map_is_the_feeds_held_blocks_turned_round() -> None:
+    owners, rng = Owners(), random.Random(3)
+    owners.SWEEP = 5  # given-back bits cleared a few blocks per message
+    feeds = [CacheFeed(f"w{i}", None, cap=12, owners=owners) for i in range(3)]  # type: ignore[arg-type]
+    seqs = [0, 0, 0]
+
+    def want() -> dict[int, int]:
+        out: dict[int, int] = {}
+        for g in feeds:
+            for h in g.held:
+                out[h] = out.get(h, 0) | g.bit
+        return {h: m for h, m in out.items() if m}
+
+    for _ in range(400):
+        i = rng.randrange(3)
+        f = feeds[i]
+        if rng.random() < 0.05:
+            f.reset()  # the stream ended: its bit given back
+            f._next_seq = seqs[i] = 0
+            continue
+        snap = rng.random() < 0.1 or f.layout is None or not f.live
+        some = [rng.randrange(30) for _ in range(rng.randrange(6))]
+        msg = _events(seqs[i], snap, stored=some, removed=[rng.randrange(30) for _ in range(3)])
+        assert f.apply(msg)
+        seqs[i] += 1
+        live = sum(g.bit for g in feeds)
+        assert {h: m & live for h, m in owners.masks.items() if m & live} == want()
+        assert len({g.bit for g in feeds if g.live}) == sum(g.live for g in feeds)
+    assert owners._retiring  # the case this is about happened
+    owners.sweep(10**6)
+    assert owners.masks == want() and not owners._retiring
+
+
+def test_the_memo_names_blocks_as_the_chain_does() -> None:
+    memo, rng = kvaware.HashMemo(size=20), random.Random(4)
+    for _ in range(50):
+        ids = [rng.randrange(3) for _ in range(rng.randrange(60))]  # shared prefixes
+        assert list(memo.chain(ids, 4, ROOT)) == blocks.hashes(ids, 4, ROOT)
+        assert len(memo) <= 20  # emptied when full
 
 
 def _feed(held: list[int], cap: int = 1000) -> CacheFeed:
