@@ -58,6 +58,9 @@ class RequestRecord:
     # Added to the response's headers as it starts, whatever response it is (the session
     # cookie and the pool a generation went to: `edge.api.affinity`).
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    # The server's own `send`, under this wrapper (None with bodies kept): a stream's
+    # token events may be written with it, counting their bytes here (`edge.stream.wire`).
+    raw_send: Send | None = None
 
     def complete(self) -> None:
         """Run (once) what waits for the response's end."""
@@ -117,6 +120,8 @@ class ObsMiddleware:
         rec = scope[RECORD] = RequestRecord(route=self.route(scope["path"]))
         if self.bodies:
             rec.bodies, rec.response_body = True, []
+        else:
+            rec.raw_send = send
         span = tracing.start_request(scope, rec.route)  # None unless tracing is on
         requests = self.metrics.requests
         t0 = time.perf_counter()

@@ -1,11 +1,15 @@
 """Bounds on request heads in uvicorn's httptools protocol, which has none (a client could
 hold a connection with an endless head, or one byte a minute): over `--max-header-bytes`
 or `--max-headers` 431, not complete within `--header-timeout` 408, the connection closed.
-nginx's `large_client_header_buffers` and `client_header_timeout` use the same values."""
+nginx's `large_client_header_buffers` and `client_header_timeout` use the same values.
+The timeout is the client's, not a stalled loop's (`_too_slow`)."""
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import struct
+import termios
 from typing import Any
 
 import uvicorn
@@ -108,9 +112,26 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         # until then uvicorn's own keep-alive timeout bounds the idle time.
 
     def _too_slow(self) -> None:
+        """The head's time is up, unless the socket holds bytes this process has not read
+        yet: then the client did send and the loop is behind (as when thousands of
+        connections arrive at once); the timer starts again rather than answering 408
+        and closing a socket with the request unread in it (a reset)."""
         self._head_timer = None
-        if self._heading and not self._refused:
-            self._refuse(408, "request header not received in time")
+        if not self._heading or self._refused:
+            return
+        if self._unread_bytes():  # the loop is behind, not the client
+            self._head_timer = self.loop.call_later(self.head_timeout_s, self._too_slow)
+            return
+        self._refuse(408, "request header not received in time")
+
+    def _unread_bytes(self) -> int:
+        """Bytes waiting in the socket's receive buffer (0 if that cannot be known)."""
+        sock = self.transport.get_extra_info("socket")
+        try:
+            raw = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+        except (AttributeError, OSError, ValueError):
+            return 0
+        return int(struct.unpack("i", raw)[0])
 
     def _refuse(self, status: int, message: str) -> None:
         """Answer with `status` and close: the request never reaches the app."""

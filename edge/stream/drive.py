@@ -1,9 +1,8 @@
-"""`send_now`: run an ASGI `send` to its end in the caller's task when it does not wait.
-
-Events are written from the upstream reader's task (`edge.stream.response.take`). uvicorn's
-`send` waits only when the client lags (flow control), so it is stepped by hand: done at
-once, or the rest becomes a task of its own, resumed as its first task would have.
-"""
+"""`write_now`: a body chunk written in the caller's task (`edge.stream.response.take`, the
+upstream reader's) when that does not wait: onto the connection (`edge.stream.wire`), else
+by `send_now`, which steps an ASGI `send` by hand: uvicorn's waits only when the client
+lags (flow control), and then the rest becomes a task of its own, resumed as its first
+task would have."""
 
 from __future__ import annotations
 
@@ -12,6 +11,18 @@ from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any, cast
 
 from starlette.types import Message
+
+from edge.stream.wire import Wire
+
+
+def write_now(
+    wire: Wire | None, send: Callable[[Message], Awaitable[None]], data: bytes
+) -> asyncio.Future[None] | None:
+    """One body chunk, more to come: None if it is written, else the future of the rest
+    of its `send`."""
+    if wire is not None and wire.write(data):
+        return None
+    return send_now(send, {"type": "http.response.body", "body": data, "more_body": True})
 
 
 def send_now(

@@ -2,7 +2,8 @@
 
 - The body runs in the request's own task: read one upstream message, write its event,
   and again. Over sessions the call hands chunks to `take` from its reader's task while the
-  body is parked in `read`: one write per event and no wake of this task (`edge.stream.drive`).
+  body is parked in `read`: one write per event, no wake of this task (`edge.stream.drive`),
+  straight onto the connection once the 200 went out (`edge.stream.wire`).
 - One watcher task notices the client leaving (it cancels the body, whose `finally`
   cancels the call, so the worker aborts at once) and owns the stream's one deadline: the
   commit to 200 after `--first-byte` if the worker has not answered, then a heartbeat
@@ -34,9 +35,10 @@ from starlette.types import Message, Receive, Scope, Send
 from edge.errors import ApiError, Dialect, dialect_of, from_status, internal_error
 from edge.obs.record import RequestRecord, record_of
 from edge.stream import sse
-from edge.stream.drive import send_now
+from edge.stream.drive import write_now
 from edge.stream.framing import STAMP_FIELD, Framer
 from edge.stream.job import Job, final_error, read_prompts
+from edge.stream.wire import Wire
 from generated import sluice_pb2 as pb
 
 log = logging.getLogger("sluice.edge")
@@ -78,6 +80,7 @@ class GenerationResponse:
         self._busy = False  # the body is inside `send`
         self._watcher_write: asyncio.Future[None] | None = None
         self._send: Send | None = None  # the body's `send`, for `take`
+        self._wire: Wire | None = None  # the connection itself, once the 200 went out
         self._flushing: asyncio.Future[None] | None = None  # a `take` write that waited
         self._flushing_id = b""  # ... and its event's id
         self._gone = False  # the client left: the watcher cancelled the body
@@ -176,17 +179,15 @@ class GenerationResponse:
         return self._flushing is None and self._watcher_write is None and not self._busy
 
     def take(self, msg: pb.GenerateResponse) -> None:
-        """`Sink.take`: one chunk's event written from the upstream reader's task. The
-        ASGI `send` runs to its end at once unless the client lags (uvicorn's flow
-        control); then the rest of it becomes `_flushing`, and chunks queue in the call
-        until it is done."""
+        """`Sink.take`: one chunk's event written from the upstream reader's task, at once
+        unless the client lags (`write_now`); then the rest of the write becomes
+        `_flushing`, and chunks queue in the call until it is done."""
         rx_ns = time.perf_counter_ns()
         data = self._token_bytes(msg)
         if not data:
             return
         assert self._send is not None
-        message = {"type": "http.response.body", "body": data, "more_body": True}
-        self._flushing = send_now(self._send, message)
+        self._flushing = write_now(self._wire, self._send, data)
         if self._flushing is None:
             self._last_id = self._framer.framed_id
         else:  # the client's once it is written
@@ -212,13 +213,11 @@ class GenerationResponse:
         return self._framer.event(event, msg.index + 1)
 
     def _event_written(self, msg: pb.GenerateResponse, rx_ns: int) -> None:
-        job = self.job
-        n = len(msg.chunk.token_ids)
+        job, n = self.job, len(msg.chunk.token_ids)
         metrics = job.metrics
         if n > 1:
             metrics.merged_chunks += n
-        now = self._last_ns
-        metrics.event_written(rx_ns, now, self._last_event_ns)
+        metrics.event_written(rx_ns, now := self._last_ns, self._last_event_ns)
         if not self._last_event_ns and not job.resumed and self._record is not None:
             metrics.ttft[self._record.route].observe((now - self._t0_ns) * 1e-9)
         self._last_event_ns = now
@@ -327,9 +326,9 @@ class GenerationResponse:
 
     async def _commit(self, send: Send, *, watcher: bool = False) -> None:
         """The 200, the SSE headers and the opening event (once, by whoever comes first)."""
-        if self._committed:
+        if self._committed:  # the watcher's opening first
             if self._watcher_write is not None and not watcher:
-                await asyncio.shield(self._watcher_write)  # the watcher's opening first
+                await asyncio.shield(self._watcher_write)
             return
         self._committed = True
         self._busy = True
@@ -343,6 +342,7 @@ class GenerationResponse:
             )
         finally:
             self._busy = False
+        self._wire = Wire.behind(self._record)
         if self.job.resume is None or self._framer.replay:
             data = self._framer.frame(self.fmt.opening_events(self._framer.seq), 0, opening=True)
             if data:
@@ -368,11 +368,12 @@ class GenerationResponse:
                     self._flushing = None
         if not more:
             self._complete = True
-        self._busy = True
-        try:
-            await send({"type": "http.response.body", "body": data, "more_body": more})
-        finally:
-            self._busy = False
+        if not (more and self._wire is not None and self._wire.write(data)):
+            self._busy = True
+            try:
+                await send({"type": "http.response.body", "body": data, "more_body": more})
+            finally:
+                self._busy = False
         if eid:
             self._last_id = eid
         self._last_ns = time.perf_counter_ns()

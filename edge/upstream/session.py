@@ -284,6 +284,9 @@ class Session:
         batch = first
         try:
             while True:
+                # One turn of the loop first: starts made in it join this write (one gRPC
+                # write costs more than all its actions).
+                await asyncio.sleep(0)
                 pending, self._pending = self._pending, []
                 for action in pending:
                     if action.WhichOneof("action") == "start":

@@ -206,6 +206,43 @@ def test_a_client_sending_its_head_slowly_is_cut_off(strict_heads: Stack) -> Non
     assert 0.9 < elapsed < 4.0
 
 
+def _unread_by(pid: int, server_port: int, client_port: int) -> int:
+    """Bytes in the receive queue of `pid`'s end of the connection (/proc/net/tcp)."""
+    want = (f"0100007F:{server_port:04X}", f"0100007F:{client_port:04X}")
+    for line in open(f"/proc/{pid}/net/tcp").read().splitlines()[1:]:
+        fields = line.split()
+        if (fields[1], fields[2]) == want:
+            return int(fields[4].split(":")[1], 16)
+    raise AssertionError("no such connection")
+
+
+def test_a_head_sent_while_the_edge_stalls_is_answered_not_timed_out(
+    strict_heads: Stack,
+) -> None:
+    """The head timeout is the client's: a head that waited in the socket while the edge's
+    loop could not run (here: the process stopped past `--header-timeout`) is read and
+    answered when it runs again, not refused with a 408 and a reset (issue 22, target 3:
+    20,000 streams arriving at once)."""
+    edge, port = strict_heads.edge, strict_heads.edge.port
+    sock = socket.create_connection(("127.0.0.1", port))
+    client_port = sock.getsockname()[1]
+    try:
+        sock.sendall(b"GET /hea")  # the head's timer starts once the edge read this
+        eventually(lambda: _unread_by(edge.pid, port, client_port) == 0, what="the edge read it")
+        os.kill(edge.pid, signal.SIGSTOP)
+        try:
+            sock.sendall(b"lthz HTTP/1.1\r\nhost: x\r\n\r\n")
+            due = time.monotonic() + 1.5  # past the 1 s timeout while the edge is stopped
+            eventually(lambda: time.monotonic() > due, what="the timeout passed")
+        finally:
+            os.kill(edge.pid, signal.SIGCONT)
+        sock.settimeout(10)
+        raw = sock.recv(65536)
+    finally:
+        sock.close()
+    assert raw.startswith(b"HTTP/1.1 200 "), raw[:80]
+
+
 def test_oversized_or_too_many_headers_get_431_and_a_closed_connection(
     strict_heads: Stack,
 ) -> None:
