@@ -14,9 +14,12 @@ Their metrics servers bind 127.0.0.1 on other free ports; nothing is fetched fro
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from scripts.bench.stacks import Proc, free_port, models_ready, spawn, wait_ready
@@ -68,9 +71,13 @@ def start_vllm_router(edge_url: str | list[str], extra: list[str], timeout: floa
     return wait_ready(proc, lambda: models_ready(port), timeout)
 
 
-def _smg(name: str, worker_urls: list[str], args: list[str], timeout: float) -> Proc:
+def _smg(
+    name: str, worker_urls: list[str], args: list[str], timeout: float, model: str = ""
+) -> Proc:
     """`smg launch` on a free port with its Prometheus server on 127.0.0.1, waited until it
-    lists the model (it registers its workers before it routes)."""
+    lists the model (it registers its workers before it routes) and, given `model`, until
+    it answers a one-token chat (in gRPC mode it lists the model before its tokenizer is
+    loaded, and answers 503 meanwhile)."""
     port, metrics_port = free_port(), free_port()
     proc = spawn(
         name,
@@ -80,7 +87,23 @@ def _smg(name: str, worker_urls: list[str], args: list[str], timeout: float) -> 
         OFFLINE,
     )  # fmt: skip
     proc.port = port
-    return wait_ready(proc, lambda: models_ready(port), timeout)
+    wait_ready(proc, lambda: models_ready(port), timeout)
+    return wait_ready(proc, lambda: not model or _answers(port, model), timeout)
+
+
+def _answers(port: int, model: str) -> bool:
+    """A one-token chat completion answered 200 (setup only)."""
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"content-type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 def start_smg(edge_url: str | list[str], extra: list[str], timeout: float = 60.0) -> Proc:
@@ -96,4 +119,4 @@ def start_smg_grpc(
     """SMG's gRPC router in front of a vLLM gRPC server at `worker_address` (host:port),
     with the model directory's tokenizer and chat template."""
     args = ["--model-path", model_dir, *SMG_DEFAULT_ARGS, *extra]
-    return _smg("smg-grpc", [f"grpc://{worker_address}"], args, timeout)
+    return _smg("smg-grpc", [f"grpc://{worker_address}"], args, timeout, model=model_dir)
