@@ -19,11 +19,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from edge.api import fields, priority
-from edge.api.generate import new_request_id, read_body, timeout_s, trace_id
+from edge.api.generate import new_request_id, read_json, timeout_s, trace_id
 from edge.api.pages import ORJSONResponse
-from edge.api.schema import decode_body
 from edge.api.state import EdgeState
-from edge.errors import ApiError, from_rpc_error, from_status, invalid
+from edge.errors import ApiError, from_rpc_error, invalid
 from edge.obs.outcomes import CANCELLED, OK
 from edge.obs.record import record_of
 from edge.upstream.failover import PASSIVE_FAILURES
@@ -149,14 +148,9 @@ def encode(values: Any, as_base64: bool) -> Any:
 
 async def embeddings(state: EdgeState, request: Request) -> Response:
     """POST /v1/embeddings."""
-    if state.draining:
-        raise from_status(grpc.StatusCode.UNAVAILABLE, "this edge is shutting down")
     cfg = state.config
-    raw = await read_body(request, cfg.server.max_body_bytes)
+    parsed = parse((await read_json(state, request))[0])
     rec = record_of(request.scope)
-    if rec.bodies:  # for the audit log (`--audit-bodies`)
-        rec.request_body = raw
-    parsed = parse(decode_body(raw))
     msg = parsed.request
     asked = request.headers.get(priority.HEADER)
     msg.priority, msg.tenant = state.priorities.of(asked, parsed.service_tier, rec.caller)

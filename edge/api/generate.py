@@ -11,6 +11,7 @@ import re
 import secrets
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from starlette.requests import Request
@@ -116,15 +117,22 @@ def timeout_s(request: Request, stream: bool, default: float) -> float:
     return timeout
 
 
-async def _prepare(state: EdgeState, request: Request, kind: Kind) -> Prepared:
+async def read_json(state: EdgeState, request: Request) -> tuple[dict[str, Any], int]:
+    """An API request's JSON object and its size in bytes (a 400, 413 or, while draining,
+    503 otherwise); the bytes are kept for the audit log with `--audit-bodies`."""
     if state.draining:
         raise from_status(grpc.StatusCode.UNAVAILABLE, "this edge is shutting down")
-    cfg = state.config
-    raw = await read_body(request, cfg.server.max_body_bytes)
+    raw = await read_body(request, state.config.server.max_body_bytes)
     rec = record_of(request.scope)
-    if rec.bodies:  # for the audit log (`--audit-bodies`)
+    if rec.bodies:
         rec.request_body = raw
-    given = await bodies.decode(raw)
+    return await bodies.decode(raw), len(raw)
+
+
+async def _prepare(state: EdgeState, request: Request, kind: Kind) -> Prepared:
+    cfg = state.config
+    rec = record_of(request.scope)
+    given, size = await read_json(state, request)
     conversation = None
     request_id = new_request_id()
     continues = kind == "responses" and given.get("previous_response_id") is not None
@@ -137,7 +145,7 @@ async def _prepare(state: EdgeState, request: Request, kind: Kind) -> Prepared:
         conversation = stored.Conversation(history, stored.items(given.get("input"), request_id))
         if history:
             given = {**given, "input": [*history, *conversation.input]}
-    req = await bodies.parse(kind, given, len(raw), cfg.security)
+    req = await bodies.parse(kind, given, size, cfg.security)
     asked = request.headers.get(priority.HEADER)
     klass, tenant = state.priorities.of(asked, req.service_tier, rec.caller)  # 400/403 here
     rec.model = req.model
