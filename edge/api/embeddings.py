@@ -131,6 +131,9 @@ def parse(body: dict[str, Any]) -> EmbedBody:
         msg.normalize = activation
     encoding = _choice(body, "encoding_format", ("float", "base64"))
     tier = body.get("service_tier")
+    if tier is not None and not isinstance(tier, str):
+        raise invalid("service_tier", "'service_tier' must be a string")
+    priority.check_tier(tier)
     chars = sum(len(one) if isinstance(one, str) else 4 * len(one) for one in inputs)
     return EmbedBody(msg, encoding == "base64", tier, chars // 4 + len(inputs))
 

@@ -20,8 +20,10 @@ from hypothesis import strategies as st
 from edge.api.fields import TABLES
 from tests.integration.edge_fixtures import Stack, stack
 
+# /v1/embeddings in front of a generating worker: its body is parsed and checked in full,
+# then refused (the model embeds nothing) unless a field was refused first.
 ROUTES = {"chat": "/v1/chat/completions", "completion": "/v1/completions",
-          "responses": "/v1/responses"}  # fmt: skip
+          "responses": "/v1/responses", "embeddings": "/v1/embeddings"}  # fmt: skip
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 BASES: dict[str, dict[str, Any]] = {
     "chat": {
@@ -47,6 +49,7 @@ BASES: dict[str, dict[str, Any]] = {
         "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
         "text": {"format": {"type": "json_schema", "name": "s", "schema": {}}},
     },
+    "embeddings": {"model": "", "input": ["hi", "there"], "encoding_format": "float"},
 }
 KEY = "<key>"  # a place whose hostile part is an object's key, not a value
 # Places inside a body that hold JSON of their own, beside every top-level field.
@@ -93,6 +96,7 @@ NESTED: dict[str, list[tuple[Any, ...]]] = {
         ("metadata", KEY),
         ("tools", 0, "parameters", "properties", KEY),
     ],
+    "embeddings": [("input", 0), ("input", 1), ("input", KEY)],
 }
 
 
