@@ -51,6 +51,17 @@ def names_of(allowed: tuple[str, ...]) -> Any:
     return parse
 
 
+def sizes(text: str) -> tuple[int, ...]:
+    """An argparse type: comma-separated positive integers, as a tuple."""
+    try:
+        values = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated integers") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: each at least 1")
+    return values
+
+
 def watch_pid(text: str) -> tuple[str, int]:
     """`LABEL=PID` (or `PID`: labelled pidPID) as (label, pid)."""
     label, _, pid = text.rpartition("=")
@@ -132,6 +143,11 @@ class RoutingBenchConfig:
     # Sim prompt tokens prefilled per second, and the sim KV cache, per worker.
     prefill_rate: float = option(20_000.0, "--sim-prefill-rate", "tokens/s")
     kv_tokens: int = option(65_536, "--sim-kv-tokens", "per worker")
+    # Decision mode's size: picks per timed batch (5 batches each), prompt sizes in chars.
+    decision_calls: int = option(2000, "--decision-calls", "decision mode: picks per batch")
+    decision_sizes: tuple[int, ...] = option(
+        (1_000, 8_000, 32_000, 128_000), "--decision-sizes", "decision mode: chars", type=sizes
+    )
 
 
 @dataclass(frozen=True, slots=True)

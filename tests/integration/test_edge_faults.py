@@ -43,9 +43,9 @@ MESSAGES = [{"role": "user", "content": "Tell me about rivers and the sea."}]
 
 @pytest.fixture(scope="module")
 def slow_prefill() -> Iterator[Stack]:
-    # A 1.5 s prefill under a 0.2 s heartbeat: several heartbeats before the first token,
+    # A 0.8 s prefill under a 0.1 s heartbeat: several heartbeats before the first token,
     # between events that carry an `id:` (which the SDK's decoder keeps).
-    with stack(("--sim-ttft", "1.5", "--sim-token-delay", "0.05"), ("--heartbeat", "0.2")) as s:
+    with stack(("--sim-ttft", "0.8", "--sim-token-delay", "0.02"), ("--heartbeat", "0.1")) as s:
         yield s
 
 
