@@ -144,6 +144,8 @@ def _tool_choice(body: dict[str, Any], req: GenRequest) -> None:
     if given is None:
         return
     kind = given.get("type") if isinstance(given, dict) else None
+    if not isinstance(kind, str):
+        kind = None  # a list or an object is no type (and no key of _TOOL_CHOICES)
     if kind == "tool":
         value: Any = {"type": "function", "name": given.get("name")}
     elif kind in _TOOL_CHOICES:

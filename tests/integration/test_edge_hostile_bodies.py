@@ -3,7 +3,8 @@ field of every route's table (`edge.api.fields`) and the nested places a body ca
 JSON of its own (messages, tools, schemas, logit_bias, Responses items), set to what an
 attacker sends: nesting thousands deep, Unicode digits, integers past any width, NaN and
 Infinity, lone surrogates, long strings, wrong types. Every answer is a 2xx, or a 4xx in
-OpenAI's error shape; the worker behind it is a real sim worker, the edge a real uvicorn."""
+the API's own error shape (OpenAI's; Anthropic's on /v1/messages and its count_tokens);
+the worker behind it is a real sim worker, the edge a real uvicorn."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ from tests.integration.edge_fixtures import Stack, stack
 # /v1/embeddings in front of a generating worker: its body is parsed and checked in full,
 # then refused (the model embeds nothing) unless a field was refused first.
 ROUTES = {"chat": "/v1/chat/completions", "completion": "/v1/completions",
-          "responses": "/v1/responses", "embeddings": "/v1/embeddings"}  # fmt: skip
+          "responses": "/v1/responses", "embeddings": "/v1/embeddings",
+          "messages": "/v1/messages", "count_tokens": "/v1/messages/count_tokens"}  # fmt: skip
+ANTHROPIC = {"messages", "count_tokens"}  # answer in Anthropic's error shape
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 BASES: dict[str, dict[str, Any]] = {
     "chat": {
@@ -50,7 +53,28 @@ BASES: dict[str, dict[str, Any]] = {
         "text": {"format": {"type": "json_schema", "name": "s", "schema": {}}},
     },
     "embeddings": {"model": "", "input": ["hi", "there"], "encoding_format": "float"},
+    "messages": {
+        "model": "",
+        "max_tokens": 4,
+        "system": [{"type": "text", "text": "s"}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {"a": 1}}],
+            },
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "r"}],
+            },
+        ],
+        "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+        "tool_choice": {"type": "auto"},
+        "stop_sequences": ["zz"],
+        "metadata": {"user_id": "u"},
+    },
 }
+BASES["count_tokens"] = {k: v for k, v in BASES["messages"].items() if k != "max_tokens"}
 KEY = "<key>"  # a place whose hostile part is an object's key, not a value
 # Places inside a body that hold JSON of their own, beside every top-level field.
 NESTED: dict[str, list[tuple[Any, ...]]] = {
@@ -97,7 +121,28 @@ NESTED: dict[str, list[tuple[Any, ...]]] = {
         ("tools", 0, "parameters", "properties", KEY),
     ],
     "embeddings": [("input", 0), ("input", 1), ("input", KEY)],
+    "messages": [
+        ("messages", 0, "content"),
+        ("messages", 0, "role"),
+        ("messages", 0, "content", 0, "text"),
+        ("messages", 0, "content", 0, "type"),
+        ("messages", 1, "content", 0, "input"),
+        ("messages", 1, "content", 0, "name"),
+        ("messages", 1, "content", 0, "id"),
+        ("messages", 2, "content", 0, "content"),
+        ("messages", 2, "content", 0, "tool_use_id"),
+        ("system", 0, "text"),
+        ("tools", 0, "input_schema"),
+        ("tools", 0, "name"),
+        ("tools", 0, "input_schema", "properties", KEY),
+        ("tool_choice", "type"),
+        ("tool_choice", "name"),
+        ("metadata", "user_id"),
+        ("metadata", KEY),
+        ("stop_sequences", 0),
+    ],
 }
+NESTED["count_tokens"] = NESTED["messages"]
 
 
 @dataclass(frozen=True)
@@ -164,7 +209,8 @@ hostile = st.one_of(
 
 
 def places(kind: str) -> list[tuple[Any, ...]]:
-    return sorted({(name,) for name in TABLES[kind]}, key=str) + NESTED[kind] * 4 + [("x_unknown",)]
+    table = TABLES["messages" if kind == "count_tokens" else kind]
+    return sorted({(name,) for name in table}, key=str) + NESTED[kind] * 4 + [("x_unknown",)]
 
 
 def with_value(body: dict[str, Any], path: tuple[Any, ...], value: Any, key: str) -> dict[str, Any]:
@@ -202,7 +248,11 @@ def check(client: httpx.Client, kind: str, text: str) -> None:
     r = client.post(ROUTES[kind], content=text.encode("utf-8", "surrogatepass"),
                     headers={"content-type": "application/json"})  # fmt: skip
     assert r.status_code < 500, (r.status_code, r.text[:300], text[:300])
-    if r.status_code >= 400:
+    if r.status_code >= 400 and kind in ANTHROPIC:
+        doc = r.json()
+        assert doc["type"] == "error" and set(doc["error"]) == {"type", "message"}, doc
+        assert doc["error"]["type"].endswith("_error") and doc["error"]["message"], doc
+    elif r.status_code >= 400:
         err = r.json()["error"]
         assert isinstance(err["message"], str) and err["message"], err
         assert isinstance(err["type"], str) and "code" in err and "param" in err, err
