@@ -25,7 +25,11 @@ from tests.integration.edge_fixtures import Stack, stack
 # then refused (the model embeds nothing) unless a field was refused first.
 ROUTES = {"chat": "/v1/chat/completions", "completion": "/v1/completions",
           "responses": "/v1/responses", "embeddings": "/v1/embeddings",
-          "messages": "/v1/messages", "count_tokens": "/v1/messages/count_tokens"}  # fmt: skip
+          "messages": "/v1/messages", "count_tokens": "/v1/messages/count_tokens",
+          "chat_render": "/v1/chat/completions/render",
+          "completion_render": "/v1/completions/render"}  # fmt: skip
+# Routes whose body is another route's: (its bases, nested places and field table).
+SAME_BODY = {"count_tokens": "messages", "chat_render": "chat", "completion_render": "completion"}
 ANTHROPIC = {"messages", "count_tokens"}  # answer in Anthropic's error shape
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 BASES: dict[str, dict[str, Any]] = {
@@ -75,6 +79,7 @@ BASES: dict[str, dict[str, Any]] = {
     },
 }
 BASES["count_tokens"] = {k: v for k, v in BASES["messages"].items() if k != "max_tokens"}
+BASES["chat_render"], BASES["completion_render"] = BASES["chat"], BASES["completion"]
 KEY = "<key>"  # a place whose hostile part is an object's key, not a value
 # Places inside a body that hold JSON of their own, beside every top-level field.
 NESTED: dict[str, list[tuple[Any, ...]]] = {
@@ -142,7 +147,8 @@ NESTED: dict[str, list[tuple[Any, ...]]] = {
         ("stop_sequences", 0),
     ],
 }
-NESTED["count_tokens"] = NESTED["messages"]
+for _kind, _same in SAME_BODY.items():
+    NESTED[_kind] = NESTED[_same]
 
 
 @dataclass(frozen=True)
@@ -209,7 +215,7 @@ hostile = st.one_of(
 
 
 def places(kind: str) -> list[tuple[Any, ...]]:
-    table = TABLES["messages" if kind == "count_tokens" else kind]
+    table = TABLES[SAME_BODY.get(kind, kind)]
     return sorted({(name,) for name in table}, key=str) + NESTED[kind] * 4 + [("x_unknown",)]
 
 
