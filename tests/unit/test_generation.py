@@ -128,16 +128,20 @@ async def test_an_error_is_known_before_its_final_is_logged() -> None:
 
 
 async def test_detached_generation_reports_its_wasted_tokens() -> None:
-    gen, hooks = await make(max_tokens=500, delay=0.002, grace=0.05)
+    gen, hooks = await make(max_tokens=500, delay=0.01, grace=0.15)  # its text: 46 tokens
     start(gen)
     gen.attach()
     await asyncio.wait_for(gen.changed(), 5)  # a first token logged: under way
     gen.release()  # the last consumer left: the grace starts
+    at_release = gen.usage[1]
     assert gen.task is not None
-    await asyncio.wait_for(gen.task, 2)
+    await asyncio.wait_for(gen.task, 10)
     final = pb.GenerateResponse.FromString(gen.take(gen.index - 1)).final
     assert final.reason == pb.FINISH_REASON_CANCELLED
-    assert len(hooks.wasted) == 1 and hooks.wasted[0] > 5
+    # What the grace cost: the tokens made for nobody, counted from the release (how many
+    # fit in the grace depends on the machine's load; none, or more than were made, is wrong).
+    (wasted,) = hooks.wasted
+    assert 1 <= wasted <= gen.usage[1] - at_release, (wasted, at_release, gen.usage)
 
 
 async def test_client_cancel_ends_with_cancelled() -> None:
