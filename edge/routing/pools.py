@@ -61,15 +61,24 @@ def _number(raw: dict[str, Any], name: str, default: float | None, lo: float = 0
     value = raw.get(name, default)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float):
         raise PoolConfigError(f"{name} must be a number")
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an integer past any float
+        finite = False
+    if not finite:
+        raise PoolConfigError(f"{name} must be a finite number")
     if value < lo:
         raise PoolConfigError(f"{name} must be at least {lo}")
     return value
 
 
 def parse_weight(value: Any) -> float:
-    return float(_number({"weight": value}, "weight", None))
+    weight = _number({"weight": value}, "weight", None)
+    if weight is None:
+        raise PoolConfigError("weight must be a number")
+    return float(weight)
 
 
 def parse_rollback(raw: Any) -> RollbackSpec | None:

@@ -3,8 +3,8 @@ field of every route's table (`edge.api.fields`) and the nested places a body ca
 JSON of its own (messages, tools, schemas, logit_bias, Responses items), set to what an
 attacker sends: nesting thousands deep, Unicode digits, integers past any width, NaN and
 Infinity, lone surrogates, long strings, wrong types. Every answer is a 2xx, or a 4xx in
-the API's own error shape (OpenAI's; Anthropic's on /v1/messages and its count_tokens);
-the worker behind it is a real sim worker, the edge a real uvicorn."""
+the API's own error shape (OpenAI's; Anthropic's on /v1/messages and its count_tokens), the
+admin API's bodies included; the worker is a real sim worker, the edge a real uvicorn."""
 
 from __future__ import annotations
 
@@ -81,6 +81,17 @@ BASES: dict[str, dict[str, Any]] = {
 BASES["count_tokens"] = {k: v for k, v in BASES["messages"].items() if k != "max_tokens"}
 BASES["chat_render"], BASES["completion_render"] = BASES["chat"], BASES["completion"]
 KEY = "<key>"  # a place whose hostile part is an object's key, not a value
+ADMIN_KEY = "hostile-bodies-admin-key-0123"
+HEADERS = {"content-type": "application/json", "authorization": f"Bearer {ADMIN_KEY}"}
+# The admin API's bodies (method, path, a body it takes), in OpenAI's error shape too.
+ADMIN_ROUTES = [
+    ("POST", "/admin/pools", {"name": "p2", "workers": ["127.0.0.1:1"], "weight": 1,
+                              "policy": "least_load", "rollback": {"window_s": 5}}),
+    ("PUT", "/admin/pools/default/weight", {"weight": 1}),
+    ("POST", "/admin/pools/default/workers", {"address": "127.0.0.1:2"}),
+    ("POST", "/admin/adapters", {"name": "a", "path": "/nonexistent"}),
+    ("POST", "/admin/rollouts", {"pool": "default", "canary": "default", "steps": [10, 100]}),
+]  # fmt: skip
 # Places inside a body that hold JSON of their own, beside every top-level field.
 NESTED: dict[str, list[tuple[Any, ...]]] = {
     "chat": [
@@ -246,13 +257,14 @@ def with_value(body: dict[str, Any], path: tuple[Any, ...], value: Any, key: str
 
 @pytest.fixture(scope="module")
 def edge() -> Iterator[Stack]:
-    with stack(worker_args=("--sim-ttft", "0", "--sim-token-delay", "0")) as s:
+    with stack(("--sim-ttft", "0", "--sim-token-delay", "0"), ("--admin-key", ADMIN_KEY)) as s:
         yield s
 
 
-def check(client: httpx.Client, kind: str, text: str) -> None:
-    r = client.post(ROUTES[kind], content=text.encode("utf-8", "surrogatepass"),
-                    headers={"content-type": "application/json"})  # fmt: skip
+def check(client: httpx.Client, kind: str, text: str, method: str = "POST") -> None:
+    """`kind`: a key of ROUTES, or an admin path."""
+    r = client.request(method, ROUTES.get(kind, kind), headers=HEADERS,
+                       content=text.encode("utf-8", "surrogatepass"))  # fmt: skip
     assert r.status_code < 500, (r.status_code, r.text[:300], text[:300])
     if r.status_code >= 400 and kind in ANTHROPIC:
         doc = r.json()
@@ -278,6 +290,24 @@ def test_no_body_gets_a_5xx(edge: Stack, kind: str) -> None:
         @given(path=st.sampled_from(places(kind)), value=hostile, key=keys)
         def one(path: tuple[Any, ...], value: Any, key: str) -> None:
             check(client, kind, encode(with_value(BASES[kind], path, value, key)))
+
+        one()
+
+
+@pytest.mark.parametrize("route", ADMIN_ROUTES, ids=lambda r: f"{r[0]} {r[1]}")
+def test_no_admin_body_gets_a_5xx(edge: Stack, route: tuple[str, str, dict[str, Any]]) -> None:
+    method, path, base = route
+    with httpx.Client(base_url=edge.base, timeout=20) as client:
+
+        @settings(
+            max_examples=200,
+            deadline=None,
+            derandomize=True,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+        )
+        @given(place=st.sampled_from([(k,) for k in base] + [("x_unknown",)]), value=hostile)
+        def one(place: tuple[Any, ...], value: Any) -> None:
+            check(client, path, encode(with_value(base, place, value, "")), method)
 
         one()
 
