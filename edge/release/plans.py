@@ -5,12 +5,11 @@ worse by the ratio *and* by the slack: a 2 ms TTFT doubling to 4 ms is noise."""
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass
 from typing import Any
 
 from edge.obs.outcomes import WindowStats
-from edge.routing.pools import PoolConfigError
+from edge.routing.pools import PoolConfigError, count, number
 
 MAX_STEPS = 100
 
@@ -48,17 +47,6 @@ class Plan:
         }
 
 
-def _num(raw: dict[str, Any], name: str, default: Any, lo: float, hi: float = math.inf) -> Any:
-    value = raw.get(name, default)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise PoolConfigError(f"{name} must be a number")
-    if not lo <= value <= hi:
-        raise PoolConfigError(f"{name} must be between {lo:g} and {hi:g}")
-    return value
-
-
 def parse_analysis(raw: Any) -> Analysis:
     if raw is None:
         raw = {}
@@ -69,14 +57,14 @@ def parse_analysis(raw: Any) -> Analysis:
         raise PoolConfigError(f"unknown analysis keys: {sorted(unknown)}")
     d = Analysis()
     return Analysis(
-        min_samples=int(_num(raw, "min_samples", d.min_samples, 1, 1e6)),
-        window_s=_num(raw, "window_s", None, 0.1, 3600),
-        max_error_rate_increase=_num(
+        min_samples=count(raw, "min_samples", d.min_samples),
+        window_s=number(raw, "window_s", None, 0.1, 3600),
+        max_error_rate_increase=number(
             raw, "max_error_rate_increase", d.max_error_rate_increase, 0, 1
         ),
-        max_ttft_p99_ratio=_num(raw, "max_ttft_p99_ratio", d.max_ttft_p99_ratio, 1),
-        max_itl_p99_ratio=_num(raw, "max_itl_p99_ratio", d.max_itl_p99_ratio, 1),
-        latency_slack_ms=_num(raw, "latency_slack_ms", d.latency_slack_ms, 0) or 0.0,
+        max_ttft_p99_ratio=number(raw, "max_ttft_p99_ratio", d.max_ttft_p99_ratio, 1),
+        max_itl_p99_ratio=number(raw, "max_itl_p99_ratio", d.max_itl_p99_ratio, 1),
+        latency_slack_ms=number(raw, "latency_slack_ms", d.latency_slack_ms, 0) or 0.0,
     )
 
 
@@ -110,7 +98,7 @@ def parse_plan(raw: Any) -> Plan:
     steps = raw.get("steps", [1, 5, 25, 50, 100])
     if not isinstance(steps, list) or not 1 <= len(steps) <= MAX_STEPS:
         raise PoolConfigError(f"steps must be a list of 1 to {MAX_STEPS} percentages")
-    given = [_num({"steps": s}, "steps", None, 0, 100) for s in steps]
+    given = [number({"steps": s}, "steps", None, 0, 100) for s in steps]
     if any(s is None for s in given):
         raise PoolConfigError("steps must be numbers")
     steps = [float(s) for s in given]
@@ -122,7 +110,7 @@ def parse_plan(raw: Any) -> Plan:
     holds = hold if isinstance(hold, list) else [hold] * len(steps)
     if len(holds) != len(steps):
         raise PoolConfigError("hold_s must be a number or one number per step")
-    hold_s = [float(_num({"hold_s": h}, "hold_s", None, 0, 86400) or 0.0) for h in holds]
+    hold_s = [float(number({"hold_s": h}, "hold_s", None, 0, 86400) or 0.0) for h in holds]
     return Plan(canary, stable, steps, hold_s, parse_analysis(raw.get("analysis")))
 
 

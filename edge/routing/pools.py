@@ -57,7 +57,11 @@ class PoolSpec:
     policy: str = ""  # "": the edge's --routing-policy
 
 
-def _number(raw: dict[str, Any], name: str, default: float | None, lo: float = 0.0) -> Any:
+def number(
+    raw: dict[str, Any], name: str, default: Any, lo: float = 0.0, hi: float = math.inf
+) -> Any:
+    """`raw[name]` (or `default`) as a finite number in [lo, hi]; None stays None (a bound
+    that is off). PoolConfigError naming it otherwise (pools, rollback, rollout plans)."""
     value = raw.get(name, default)
     if value is None:
         return None
@@ -69,13 +73,22 @@ def _number(raw: dict[str, Any], name: str, default: float | None, lo: float = 0
         finite = False
     if not finite:
         raise PoolConfigError(f"{name} must be a finite number")
-    if value < lo:
-        raise PoolConfigError(f"{name} must be at least {lo}")
+    if not lo <= value <= hi:
+        within = f"at least {lo:g}" if hi == math.inf else f"between {lo:g} and {hi:g}"
+        raise PoolConfigError(f"{name} must be {within}")
     return value
 
 
+def count(raw: dict[str, Any], name: str, default: int, lo: float = 1, hi: float = 1e6) -> int:
+    """A whole count that cannot be off (null is refused)."""
+    value = number(raw, name, default, lo, hi)
+    if value is None:
+        raise PoolConfigError(f"{name} must be a number")
+    return int(value)
+
+
 def parse_weight(value: Any) -> float:
-    weight = _number({"weight": value}, "weight", None)
+    weight = number({"weight": value}, "weight", None)
     if weight is None:
         raise PoolConfigError("weight must be a number")
     return float(weight)
@@ -90,10 +103,10 @@ def parse_rollback(raw: Any) -> RollbackSpec | None:
     if unknown:
         raise PoolConfigError(f"unknown rollback keys: {sorted(unknown)}")
     spec = RollbackSpec(
-        max_error_rate=_number(raw, "max_error_rate", None),
-        max_p99_ttft_s=_number(raw, "max_p99_ttft_s", None),
-        window_s=_number(raw, "window_s", 60.0, lo=0.1),
-        min_requests=int(_number(raw, "min_requests", 20, lo=1)),
+        max_error_rate=number(raw, "max_error_rate", None),
+        max_p99_ttft_s=number(raw, "max_p99_ttft_s", None),
+        window_s=number(raw, "window_s", 60.0, lo=0.1),
+        min_requests=count(raw, "min_requests", 20),
     )
     if spec.max_error_rate is None and spec.max_p99_ttft_s is None:
         raise PoolConfigError("rollback needs max_error_rate or max_p99_ttft_s")

@@ -90,7 +90,10 @@ ADMIN_ROUTES = [
     ("PUT", "/admin/pools/default/weight", {"weight": 1}),
     ("POST", "/admin/pools/default/workers", {"address": "127.0.0.1:2"}),
     ("POST", "/admin/adapters", {"name": "a", "path": "/nonexistent"}),
-    ("POST", "/admin/rollouts", {"pool": "default", "canary": "default", "steps": [10, 100]}),
+    ("POST", "/admin/rollouts", {"canary": "no-such-pool", "stable": "default",
+                                 "steps": [10, 100], "hold_s": 60,
+                                 "analysis": {"min_samples": 20, "window_s": 60,
+                                              "max_error_rate_increase": 0.02}}),
 ]  # fmt: skip
 # Places inside a body that hold JSON of their own, beside every top-level field.
 NESTED: dict[str, list[tuple[Any, ...]]] = {
@@ -297,6 +300,9 @@ def test_no_body_gets_a_5xx(edge: Stack, kind: str) -> None:
 @pytest.mark.parametrize("route", ADMIN_ROUTES, ids=lambda r: f"{r[0]} {r[1]}")
 def test_no_admin_body_gets_a_5xx(edge: Stack, route: tuple[str, str, dict[str, Any]]) -> None:
     method, path, base = route
+    places = [(k,) for k in base] + [("x_unknown",)]
+    places += [(k, i) for k, v in base.items() if isinstance(v, dict) for i in v]
+    places += [(k, i) for k, v in base.items() if isinstance(v, list) for i in range(len(v))]
     with httpx.Client(base_url=edge.base, timeout=20) as client:
 
         @settings(
@@ -305,7 +311,7 @@ def test_no_admin_body_gets_a_5xx(edge: Stack, route: tuple[str, str, dict[str, 
             derandomize=True,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
         )
-        @given(place=st.sampled_from([(k,) for k in base] + [("x_unknown",)]), value=hostile)
+        @given(place=st.sampled_from(places), value=hostile)
         def one(place: tuple[Any, ...], value: Any) -> None:
             check(client, path, encode(with_value(base, place, value, "")), method)
 
