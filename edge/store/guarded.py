@@ -1,10 +1,8 @@
-"""A shared store with a failure rule: a `StoreUnavailable` marks it down (operations
-meanwhile skip Redis) until a ping every `PROBE_S` gets an answer, or `retry_s` after the
-last failure when the loop cannot probe: so no request waits on a dead Redis, and none is
-refused for long once it answers again; no restart. Open: this
-process's limits, a key's streams within this process's part of the limit (`presence.py`),
-so it holds across replicas, and its streams added to Redis once it answers; closed:
-`StoreUnavailable` (503). Pins and documents fall back to this process in both."""
+"""A shared store with a failure rule: a `StoreUnavailable` marks it down (operations skip
+Redis) until a ping every `PROBE_S` is answered (`_watch`); no restart. Open: this process's
+limits, a key's streams within this process's part of the limit (`presence.py`), so it holds
+across replicas, and its streams added to Redis once it answers; closed: `StoreUnavailable`
+(503). Pins and documents fall back to this process in both."""
 
 from __future__ import annotations
 
