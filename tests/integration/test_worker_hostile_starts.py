@@ -3,11 +3,13 @@
 field of the message, nested messages included, filled from its descriptor with what a
 careless or hostile caller sends (integer extremes, NaN and infinities, unknown enum
 numbers, long and odd strings, JSON that is no JSON). Every answer is a generation that
-ends with its final message, or a status with a message; the worker is a real sim
-worker (its intake, templates, constraints and admission are the vLLM worker's)."""
+ends with its final message, or a status with a message, in simple mode and on one
+session (which outlives them all); the worker is a real sim worker (its intake,
+templates, constraints and admission are the vLLM worker's)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +21,7 @@ from hypothesis import strategies as st
 
 from generated import sluice_pb2 as pb
 from generated import sluice_pb2_grpc as pb_grpc
+from model_service.client import ClientSession, GenerationError, SluiceClient
 from tests.procs import Proc, start_worker
 
 REFUSALS = {
@@ -169,3 +172,47 @@ def test_no_start_gets_internal_or_takes_the_worker_down(worker: Proc) -> None:
             assert worker.proc.poll() is None, worker.log()[-3000:]
 
         one()
+
+
+def test_no_start_breaks_a_session_or_gets_internal(worker: Proc) -> None:
+    async def open_session() -> tuple[SluiceClient, ClientSession]:
+        client = SluiceClient(worker.address)
+        return client, client.session()
+
+    loop = asyncio.new_event_loop()
+    client, session = loop.run_until_complete(open_session())
+    count = iter(range(10_000))
+
+    async def run(start: pb.StartGeneration) -> None:
+        gen = session.start(start)
+        try:
+            await asyncio.wait_for(gen.text(), 30)
+        except GenerationError as err:
+            assert err.code in REFUSALS and err.message, (err.code, err.message, start)
+        assert gen.final is not None
+
+    try:
+
+        @settings(
+            max_examples=200,
+            deadline=None,
+            derandomize=True,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+        )
+        @given(start=message(pb.StartGeneration.DESCRIPTOR), keep=st.integers(0, 7))
+        def one(start: pb.StartGeneration, keep: int) -> None:
+            if keep:
+                usable(start)
+            start.multiplexed = False
+            start.request_id = f"s{next(count)}"  # the session's key for its entries
+            loop.run_until_complete(run(start))
+
+        one()
+        ok = pb.StartGeneration(request_id="last", prompt="hello there")
+        ok.sampling.max_tokens = 3
+        assert loop.run_until_complete(session.start(ok).text())  # the session served on
+        assert worker.proc.poll() is None
+    finally:
+        loop.run_until_complete(session.close())
+        loop.run_until_complete(client.close())
+        loop.close()
