@@ -249,7 +249,10 @@ class ClientSession:
 
     def generate(self, *, timeout: float | None = None, **kwargs: Any) -> SessionGeneration:
         """Start a generation on this session; see `build_start` for the arguments."""
-        start = build_start(timeout=timeout, **kwargs)
+        return self.start(build_start(timeout=timeout, **kwargs))
+
+    def start(self, start: pb.StartGeneration) -> SessionGeneration:
+        """Start a generation from a contract message as it is."""
         if start.request_id in self._gens:
             raise ValueError(f"request id {start.request_id!r} is open on this session")
         gen = SessionGeneration(self, start.request_id)

@@ -5,14 +5,22 @@ from __future__ import annotations
 
 import grpc
 
+# A status message is a header (`grpc-message`, percent-encoded): one that echoes a huge
+# value of the request (a 100 KB model name) would pass the client's metadata limit (8 KB), and
+# the caller would get RESOURCE_EXHAUSTED "Stream removed" instead of the error.
+MAX_MESSAGE_CHARS = 500  # 6 KB as percent-encoded UTF-8 at most
+
 
 class SluiceError(Exception):
-    """Base class: a failure with a gRPC status code and a message safe for clients."""
+    """Base class: a failure with a gRPC status code and a message safe for clients (at
+    most `MAX_MESSAGE_CHARS`, cut with an ellipsis)."""
 
     code: grpc.StatusCode = grpc.StatusCode.INTERNAL
     retryable: bool = False
 
     def __init__(self, message: str, *, field: str = "", retry_after_s: float = 0.0) -> None:
+        if len(message) > MAX_MESSAGE_CHARS:
+            message = message[: MAX_MESSAGE_CHARS - 1] + "…"
         super().__init__(message)
         self.message = message
         self.field = field

@@ -1,22 +1,25 @@
-"""A shared store with a failure rule: a `StoreUnavailable` marks it down for `retry_s`
-(operations meanwhile skip Redis), then the next tries it again: no restart. Open: this
-process's limits, a key's streams within this process's part of the limit (`presence.py`),
-so it holds across replicas, and its streams added to Redis once it answers; closed:
-`StoreUnavailable` (503). Pins and documents fall back to this process in both."""
+"""A shared store with a failure rule: a `StoreUnavailable` marks it down (operations skip
+Redis) until a ping every `PROBE_S` is answered (`_watch`); no restart. Open: this process's
+limits, a key's streams within this process's part of the limit (`presence.py`), so it holds
+across replicas, and its streams added to Redis once it answers; closed: `StoreUnavailable`
+(503). Pins and documents fall back to this process in both."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
 
 from edge.obs.prom import Exposition
 from edge.store.base import StoreUnavailable
+from edge.store.connection import cancel_and_wait
 from edge.store.memory import MemoryStore
 from edge.store.redis import RedisStore
 
 log = logging.getLogger("sluice.edge")
 RETRY_S = 0.5  # how long a failed shared store is left alone before the next try
+PROBE_S = 0.05  # how often a store marked down is pinged
 
 
 class Guarded:
@@ -39,6 +42,7 @@ class Guarded:
         self.failures = 0  # operations the shared store failed (metrics)
         self.fallbacks = 0  # operations answered by the fallback rule instead (metrics)
         self._local_leases: set[tuple[str, str]] = set()
+        self._probe: asyncio.Task[None] | None = None
 
     @property
     def up(self) -> bool:
@@ -54,6 +58,22 @@ class Guarded:
                 self.retry_s,
             )
         self.down_until = self.timer() + self.retry_s
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        """While the store is down: ping it; its first answer ends the down time (before
+        `retry_s` is out), each failed ping keeps it down (requests skip the dead store
+        rather than each waiting out the store timeout)."""
+        while not self.up:
+            await asyncio.sleep(PROBE_S)
+            try:
+                await self.shared.ping()
+            except StoreUnavailable:
+                self.down_until = max(self.down_until, self.timer() + self.retry_s)
+                continue
+            self.down_until = 0.0
+            log.info("shared store answers again")
 
     def _refuse(self) -> StoreUnavailable:
         wait = max(self.down_until - self.timer(), 0.0) or self.retry_s
@@ -196,6 +216,8 @@ class Guarded:
         await self.shared.run()
 
     async def close(self) -> None:
+        if self._probe is not None:
+            await cancel_and_wait(self._probe, 1.0)
         await self.shared.close()
 
     def render_metrics(self) -> str:

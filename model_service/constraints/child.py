@@ -29,8 +29,11 @@ def serve(conn: Connection, vocab_path: str, limit_mb: int) -> None:
     os.nice(10)  # a compile takes CPU the engine's streams would otherwise have
     import xgrammar as xgr
 
-    with open(vocab_path) as f:
-        info = xgr.TokenizerInfo.deserialize_json(f.read())
+    try:
+        with open(vocab_path) as f:
+            info = xgr.TokenizerInfo.deserialize_json(f.read())
+    except FileNotFoundError:  # the pool closed (its worker stopped) while this one started
+        return
     compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
     room = _address_space() + limit_mb * 2**20
     resource.setrlimit(resource.RLIMIT_AS, (room, resource.RLIM_INFINITY))

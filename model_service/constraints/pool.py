@@ -84,6 +84,7 @@ class CompilerPool:
     def __init__(self, vocab: str, slots: int, limit_s: float, limit_mb: int) -> None:
         self.vocab = vocab
         self.vocab_path = ""
+        self._vocab_file: Any = None
         self.limit_s = limit_s
         self.limit_mb = limit_mb
         self.slots = slots
@@ -95,11 +96,13 @@ class CompilerPool:
         self._closed = False
 
     def start(self) -> None:
-        with tempfile.NamedTemporaryFile(
-            "w", prefix="sluice-vocab-", suffix=".json", delete=False
-        ) as f:
-            f.write(self.vocab)
-        self.vocab_path = f.name
+        # A file with no name, read by the children through this process's descriptor:
+        # nothing is left in /tmp however this process ends (SIGKILL, OOM).
+        f = tempfile.TemporaryFile("w+")
+        f.write(self.vocab)
+        f.flush()
+        self._vocab_file = f
+        self.vocab_path = f"/proc/{os.getpid()}/fd/{f.fileno()}"
         CONTEXT.set_forkserver_preload(["xgrammar"])  # when it is not running yet
         for _ in range(self.slots):
             self._respawn()
@@ -204,6 +207,6 @@ class CompilerPool:
         for worker in list(self._children):  # reaped, no zombie left
             await asyncio.to_thread(worker.proc.join, 5.0)
         self._children.clear()
-        if self.vocab_path:
-            with contextlib.suppress(OSError):
-                os.unlink(self.vocab_path)
+        if self._vocab_file is not None:
+            self._vocab_file.close()
+            self._vocab_file = None

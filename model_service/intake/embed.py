@@ -8,6 +8,7 @@ from model_service.config import LimitsConfig
 from model_service.engines.base import Engine
 from model_service.errors import InvalidArgument, NotFound
 from model_service.intake.decode import priority_class
+from model_service.intake.validation import validate_ids
 from model_service.types import EmbedRequest, GenerationRequest, ModelInfo, SamplingParams
 
 MAX_INPUTS = 2048  # OpenAI's limit on one embeddings request
@@ -39,13 +40,10 @@ def embed_request_from_pb(msg: pb.EmbedRequest) -> EmbedRequest:
 
 def validate_embed(req: EmbedRequest, model: ModelInfo, limits: LimitsConfig) -> None:
     """Checks that need no tokenizer. Raises InvalidArgument / NotFound."""
-    if len(req.request_id.encode()) > limits.max_request_id_bytes:
-        raise InvalidArgument("request_id", f"longer than {limits.max_request_id_bytes} bytes")
-    if len(req.tenant.encode()) > limits.max_request_id_bytes:
-        raise InvalidArgument("tenant", f"longer than {limits.max_request_id_bytes} bytes")
+    validate_ids(req.request_id, req.tenant, limits)
     if req.model and req.model != model.id:
         raise NotFound(
-            f"model {req.model!r} is not served here (serving {model.id!r})", field="model"
+            f"model {req.model[:200]!r} is not served here (serving {model.id!r})", field="model"
         )
     if model.task != "embed":
         raise InvalidArgument(

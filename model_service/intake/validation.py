@@ -33,15 +33,26 @@ TEMPLATE_PARAMETERS = frozenset(
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
+# A request id goes back in the `x-sluice-accepted` header: a header value's characters.
+REQUEST_ID = re.compile(r"[\x21-\x7e]*")
+
+
+def validate_ids(request_id: str, tenant: str, limits: LimitsConfig) -> None:
+    """A generation's or an embedding's request id and tenant."""
+    if len(request_id.encode()) > limits.max_request_id_bytes:
+        raise InvalidArgument("request_id", f"longer than {limits.max_request_id_bytes} bytes")
+    if not REQUEST_ID.fullmatch(request_id):
+        raise InvalidArgument("request_id", "printable ASCII only, no spaces (a UUID will do)")
+    if len(tenant.encode()) > limits.max_request_id_bytes:
+        raise InvalidArgument("tenant", f"longer than {limits.max_request_id_bytes} bytes")
+
+
 def validate_request(req: GenerationRequest, model: ModelInfo, limits: LimitsConfig) -> None:
     """Checks that need no tokenizer. Raises InvalidArgument / NotFound."""
-    if len(req.request_id.encode()) > limits.max_request_id_bytes:
-        raise InvalidArgument("request_id", f"longer than {limits.max_request_id_bytes} bytes")
-    if len(req.tenant.encode()) > limits.max_request_id_bytes:
-        raise InvalidArgument("tenant", f"longer than {limits.max_request_id_bytes} bytes")
+    validate_ids(req.request_id, req.tenant, limits)
     if req.model and req.model != model.id and req.adapter is None:
         raise NotFound(
-            f"model {req.model!r} is not served here (serving {model.id!r})", field="model"
+            f"model {req.model[:200]!r} is not served here (serving {model.id!r})", field="model"
         )
     _validate_input(req, model, limits)
     _validate_sampling(req, model, limits)

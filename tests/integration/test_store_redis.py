@@ -500,3 +500,34 @@ async def test_a_rollback_decided_by_several_processes_at_once_is_published_once
         finally:
             for c in controls:
                 await c.close()
+
+
+async def test_a_store_marked_down_is_up_again_once_redis_answers(request):
+    """Failing closed, a store marked down is probed: requests are refused at once while
+    Redis is gone (none waits out the store timeout) and served by Redis again as soon
+    as it answers, not when `retry_s` (here 30 s) after the last failure is out."""
+    with redis_server() as srv:
+        shared = RedisStore(srv.url, 0.25, request.node.name)
+        store = Guarded(shared, MemoryStore(60, 100), fail_open=False, retry_s=30.0)
+        try:
+            assert await store.admit("r", 1.0, 5.0, "s", "a", 2, 30) == (0.0, True)
+            srv.freeze()
+            try:
+                with pytest.raises(StoreUnavailable):  # the store timeout, once
+                    await store.admit("r", 1.0, 5.0, "s", "b", 2, 30)
+                t0 = time.monotonic()
+                for lease in ("c", "d", "e"):
+                    with pytest.raises(StoreUnavailable):
+                        await store.admit("r", 1.0, 5.0, "s", lease, 2, 30)
+                assert time.monotonic() - t0 < 0.25  # refused without trying the store
+            finally:
+                srv.thaw()
+
+            async def served_by_redis() -> bool:
+                return store.up
+
+            await eventually_async(served_by_redis, what="up again", timeout=5.0, interval=0.02)
+            assert await store.admit("r", 1.0, 5.0, "s", "f", 2, 30) == (0.0, True)
+            assert await store.admit("r", 1.0, 5.0, "s", "g", 2, 30) == (0.0, False)  # a, f
+        finally:
+            await store.close()

@@ -315,8 +315,8 @@ class VllmEngine(Engine):
         return compile_job(params, tight or cfg.structured_outputs_config.disable_any_whitespace)
 
     async def grammar_vocab(self) -> str | None:
-        if self._llm is None:
-            return None
+        if self._llm is None or self.config.runner == "pooling":
+            return None  # a pooling worker generates nothing: no constraint to compile
         from model_service.engines.vllm.grammar import vocab_json
 
         size = self._llm.model_config.get_vocab_size()
