@@ -7,7 +7,8 @@ oldest in flight ends, the next turn starts); answers are `--output-tokens` sim 
 
 Policies over the same trace:
 - `random`; `kv_aware`: the longest prefix each cache holds, weighed against load as the
-  edge does (`scores.cache_aware`);
+  edge did before round 3 (`scores.cache_aware`); `slack`: the edge's pick now
+  (`scores.holder_first`), the longest holder unless `--slack` busier than the least loaded;
 - `sticky`: each conversation stays on the worker its first turn went to; a new one goes
   to the worker whose conversations' prompts add up to the fewest tokens (each counted
   as at least `--expect`: what its later turns will need held), so no cache holds more

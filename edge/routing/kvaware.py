@@ -1,10 +1,9 @@
 """`kv_aware`: each worker's longest held prefix of a prompt, by its KV-cache events
 (`upstream/cachefeed.py`: one `Owners` probe a block), the prompt's token ids hashed as
 the engine names blocks (`HashMemo`: earlier turns' hashes kept). One walk, only as deep
-as the decision needs: it stops at the first block nobody holds, or once one worker alone
-still holds them all, its prefix then the longest whatever it holds beyond (the pick,
-`scores.holder_first`, needs no more; a conversation's later turns hash their shared part
-plus a block, not the history)."""
+as the pick (`scores.holder_first`) needs: to the first block nobody holds, or one past
+where one worker alone is left holding (a later turn hashes the shared part, not the
+history)."""
 
 from __future__ import annotations
 
