@@ -135,6 +135,11 @@ class RoutingConfig:
     cache_balance_rel: float = option(
         1.5, "--cache-balance-rel", "...and this factor more load than the least loaded"
     )
+    # kv_aware takes the worker holding the longest prefix unless it carries more than
+    # this many generations beyond the least loaded candidate (BENCHMARKS.md, issue 27).
+    kv_load_slack: float = option(
+        8.0, "--kv-load-slack", "kv_aware: extra load the longest prefix's holder may carry"
+    )
     kv_index_blocks: int = option(
         262_144, "--kv-index-blocks", "kv_aware: most block hashes held per worker (oldest out)"
     )

@@ -7,7 +7,8 @@ oldest in flight ends, the next turn starts); answers are `--output-tokens` sim 
 
 Policies over the same trace:
 - `random`; `kv_aware`: the longest prefix each cache holds, weighed against load as the
-  edge does (`scores.cache_aware`);
+  edge did before round 3 (`scores.cache_aware`); `slack`: the edge's pick now
+  (`scores.holder_first`), the longest holder unless `--slack` busier than the least loaded;
 - `sticky`: each conversation stays on the worker its first turn went to; a new one goes
   to the worker whose conversations' prompts add up to the fewest tokens (each counted
   as at least `--expect`: what its later turns will need held), so no cache holds more
@@ -34,7 +35,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from edge.routing.scores import CacheAware, cache_aware
+from edge.routing.scores import CacheAware, cache_aware, holder_first
 from model_service.engines.sim.cache import PrefixCache
 from model_service.engines.sim.text import VOCAB, chat_template, tokenize
 from scripts.bench.conversations import Conversations
@@ -100,6 +101,11 @@ def replay(turns: list[Turn], policy: str, args: argparse.Namespace) -> float:
             hashes = caches[0].hashes(t.ids)
             hits = [_leading(c, hashes) for c in caches]
             w, _ = cache_aware(hits, len(hashes), [float(x) for x in running], params, rng)
+        elif policy == "slack":
+            hashes = caches[0].hashes(t.ids)
+            hits = [_leading(c, hashes) for c in caches]
+            loads = [float(x) for x in running]
+            w, _ = holder_first(hits, loads, [True] * n, args.slack, rng)
         else:  # sticky, victim
             if t.conversation not in home:
                 homes = [0] * n
@@ -185,12 +191,13 @@ def main() -> None:
     p.add_argument("--kv-tokens", type=int, action="append", help="per worker (repeat)")
     p.add_argument("--fit", type=float, default=0.8, help="victim: a worker's share to fill")
     p.add_argument("--cap", type=float, default=9.0, help="victim: most conversations / mean")
+    p.add_argument("--slack", type=float, default=8.0, help="slack: extra load a holder may carry")
     p.add_argument("--expect", type=int, default=0, help="sticky, victim: tokens a turn holds")
     args = p.parse_args()
     turns = trace(args)
-    pols = ("random", "kv_aware", "sticky", "victim")
-    print("| KV tokens per worker | random | kv_aware | sticky | victim | oracle (bound) |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    pols = ("random", "kv_aware", "slack", "sticky", "victim")
+    print("| KV tokens per worker | random | kv_aware | slack | sticky | victim | oracle (bound) |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for kv in args.kv_tokens or [65_536, 98_304]:
         args.kv_tokens = kv
         rates = [replay(turns, pol, args) for pol in pols]

@@ -1,20 +1,17 @@
 """`kv_aware`: each worker's longest held prefix of a prompt, by its KV-cache events
 (`upstream/cachefeed.py`: one `Owners` probe a block), the prompt's token ids hashed as
 the engine names blocks (`HashMemo`: earlier turns' hashes kept). One walk, only as deep
-as the decision needs: it stops at the first block nobody holds, or once one worker alone
-still holds them all and more cannot change the pick (a conversation's later turns hash
-their shared part plus a few blocks, not the history)."""
+as the pick (`scores.holder_first`) needs: to the first block nobody holds, or one past
+where one worker alone is left holding (a later turn hashes the shared part, not the
+history)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from edge.upstream.cachefeed import CacheFeed
 from sluice_common import blocks
 
-# Given every worker's hits so far, with worker i the last holding them all (the others'
-# final): the depth past which the pick is decided whatever i holds beyond (0: now).
-Decided = Callable[[int, list[int]], float]
 # Blocks `HashMemo` keeps (~0.9 KB each: the key's 16 token ids as Python ints, the
 # digests): 500 conversations' first 32 blocks, 15 MB at most.
 MEMO_BLOCKS = 16_384
@@ -61,11 +58,12 @@ def usable(feeds: Sequence[CacheFeed]) -> CacheFeed | None:
 def held_prefix(
     ids: Sequence[int],
     feeds: Sequence[CacheFeed],
-    decided: Decided | None = None,
     memo: HashMemo | None = None,
+    longest: bool = False,
 ) -> list[int]:
-    """For each worker: how many of the prompt's full blocks, from the first, it holds
-    (a lower bound for the last holder once `decided` says more cannot change the pick)."""
+    """For each worker: how many of the prompt's full blocks, from the first, it holds.
+    `longest`: only who holds the longest prefix matters, so the walk stops one block
+    after the last other holder dropped out (the lone holder's count a lower bound)."""
     hits = [0] * len(feeds)
     first = usable(feeds)
     if first is None or first.naming is None:
@@ -77,7 +75,7 @@ def held_prefix(
             index[f.bit] = i
     alive = sum(index)  # the bits of those holding every block so far
     masks = owners.masks
-    depth, need = 0, -1.0  # need: `decided`'s depth once one holder is left
+    depth = 0
     hashes = memo.chain(ids, *naming) if memo is not None else blocks.chain(ids, *naming)
     for h in hashes:
         still = masks.get(h, 0) & alive
@@ -91,32 +89,10 @@ def held_prefix(
             if not alive:
                 return hits
         depth += 1
-        if decided is not None and not alive & (alive - 1):
-            if need < 0:
-                need = decided(index[alive], hits)
-            if depth > need:
-                break
+        if longest and not alive & (alive - 1):
+            break
     while alive:
         low = alive & -alive
         hits[index[low]] = depth
         alive ^= low
     return hits
-
-
-def lone_holder(loads: Sequence[float], total: int, load_weight: float) -> Decided:
-    """`decided` for `scores.cache_aware`'s score (hit fraction - weight x load / (mean + 1)):
-    the depth past which the last worker holding the prompt beats every other worker's
-    final score (more blocks only raise its own), or 0 when it cannot even with all of
-    them. Worked out once, when one holder is left: the walk then compares integers."""
-    mean = sum(loads) / len(loads) if loads else 0.0
-    scale = load_weight / (mean + 1.0)
-
-    def decided(i: int, hits: list[int]) -> float:
-        if not total:
-            return 0.0
-        pairs = enumerate(zip(hits, loads, strict=True))  # the others' hits are final
-        best = max((h / total - scale * x for j, (h, x) in pairs if j != i), default=-1.0)
-        own = scale * loads[i]
-        return 0.0 if 1.0 - own <= best else total * (best + own)
-
-    return decided

@@ -13,7 +13,14 @@ from edge.config import RoutingConfig
 from edge.obs.prom import Exposition, labels
 from edge.routing import kvaware
 from edge.routing.prefix import CHARS_PER_TOKEN, INDEX_HEADROOM, PrefixIndex, Prompt
-from edge.routing.scores import CacheAware, cache_aware, hrw, least_loaded, two_choices
+from edge.routing.scores import (
+    CacheAware,
+    cache_aware,
+    holder_first,
+    hrw,
+    least_loaded,
+    two_choices,
+)
 from edge.upstream.worker import Worker
 
 
@@ -71,14 +78,12 @@ class Placement:
         return worker
 
     def _kv_aware(self, workers: Sequence[Worker], ids: Sequence[int]) -> Worker:
-        """The best score on the workers' held prefixes (module docstring)."""
+        """The longest held prefix's worker, within the load slack (`scores.holder_first`)."""
         feeds = [w.cache for w in workers]
         loads = [w.load for w in workers]
-        first = kvaware.usable(feeds)
-        total = len(ids) // first.block_size if first is not None else 0
-        decided = kvaware.lone_holder(loads, total, self._params.load_weight)
-        hits = kvaware.held_prefix(ids, feeds, decided, self.memo)
-        i, reason = cache_aware(hits, total, loads, self._params, self._rng)
+        hits = kvaware.held_prefix(ids, feeds, self.memo, longest=True)
+        free = [_has_slot(w) for w in workers]
+        i, reason = holder_first(hits, loads, free, self.opts.kv_load_slack, self._rng)
         self.decisions[f"kv_{reason}"] = self.decisions.get(f"kv_{reason}", 0) + 1
         return workers[i]
 
@@ -94,6 +99,12 @@ class Placement:
     def forget(self, worker: Worker) -> None:
         """`worker` left the pool."""
         self.index.forget(worker.key)
+
+
+def _has_slot(worker: Worker) -> bool:
+    """A batch slot is free for one more generation (unknown: yes)."""
+    r = worker.reported
+    return r is None or not r.max_running or worker.load < r.max_running
 
 
 def expose(

@@ -119,9 +119,43 @@ def cache_aware(
     return pick, "cache" if top_hit and hits[pick] == top_hit else "load"
 
 
-def _least_loaded_best_hit(hits: Sequence[int], loads: Sequence[float], rng: random.Random) -> int:
-    low = min(loads)
-    ties = [i for i, x in enumerate(loads) if x == low]
+def _least_loaded_best_hit(
+    hits: Sequence[int],
+    loads: Sequence[float],
+    rng: random.Random,
+    among: Sequence[int] | None = None,
+) -> int:
+    cands = range(len(loads)) if among is None else among
+    low = min(loads[i] for i in cands)
+    ties = [i for i in cands if loads[i] == low]
     most = max(hits[i] for i in ties)
     ties = [i for i in ties if hits[i] == most]
     return ties[0] if len(ties) == 1 else rng.choice(ties)
+
+
+def holder_first(
+    hits: Sequence[int],
+    loads: Sequence[float],
+    free: Sequence[bool],
+    slack: float,
+    rng: random.Random,
+) -> tuple[int, str]:
+    """`kv_aware`'s pick: the index of the node for a request of which node i holds the
+    first `hits[i]` blocks, and why. The node holding the longest prefix (the least
+    loaded of those tied) takes it ("cache"; "load" when nobody holds a block) unless its
+    load exceeds the least loaded node's by more than `slack` generations: then the least
+    loaded does ("balance"). Nodes without a free batch slot (`free[i]` false) are left
+    out while any has one, so a hot conversation never queues on a saturated worker.
+
+    Absolute, not relative: a factor over the least loaded says nothing at low loads
+    (1 vs 0 is infinitely more), and it is the extra generations that add queueing."""
+    cands = [i for i, f in enumerate(free) if f] or list(range(len(loads)))
+    top = max(hits[i] for i in cands)
+    holders = [i for i in cands if hits[i] == top]
+    light = min(loads[i] for i in holders)
+    holders = [i for i in holders if loads[i] == light]
+    pick = holders[0] if len(holders) == 1 else rng.choice(holders)
+    low = min(loads[i] for i in cands)
+    if loads[pick] - low > slack:
+        return _least_loaded_best_hit(hits, loads, rng, cands), "balance"
+    return pick, "cache" if top else "load"

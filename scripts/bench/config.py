@@ -38,12 +38,16 @@ ROUTING_TARGETS = (
 )  # fmt: skip
 
 
+# A routing target `kv_aware@N`: kv_aware with `--kv-load-slack N` (slacks side by side).
+SLACK_MARK = "@"
+
+
 def names_of(allowed: tuple[str, ...]) -> Any:
     """An argparse type: comma-separated names, each one of `allowed`, as a tuple."""
 
     def parse(text: str) -> tuple[str, ...]:
         names = tuple(x.strip() for x in text.split(",") if x.strip())
-        unknown = [x for x in names if x not in allowed]
+        unknown = [x for x in names if x.split(SLACK_MARK)[0] not in allowed]
         if unknown or not names:
             raise argparse.ArgumentTypeError(f"{unknown or text!r}; pick from {allowed}")
         return names

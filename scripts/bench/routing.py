@@ -10,6 +10,7 @@ uncached prompt tokens, one prefill at a time per worker), and in front of them 
 | `session-key` | the same as `session`, each conversation sent as `user` (affinity) |
 | `router` | vllm-router `--policy cache_aware` over one edge per worker (the peer) |
 | `cache_aware-x2`, `kv_aware-x2` | two edges with that policy behind vllm-router `round_robin` |
+| `kv_aware@N` | one edge, `kv_aware` with `--kv-load-slack N` |
 
 `session` is the edge's policy before this mode existed: without a key, the less loaded
 of two random workers. The workload is normally `--workload multiturn`.
@@ -34,7 +35,7 @@ import grpc
 
 from generated import sluice_pb2 as pb
 from generated import sluice_pb2_grpc as pb_grpc
-from scripts.bench.config import BenchConfig
+from scripts.bench.config import SLACK_MARK, BenchConfig
 from scripts.bench.fanout import run_in_process
 from scripts.bench.load import LoadResult
 from scripts.bench.modes import finish, make_factory
@@ -101,8 +102,10 @@ def start_stack(cfg: BenchConfig, target: str) -> _Stack:
             extra = ["--policy", "cache_aware", *o.router_args]
             procs.append(start_vllm_router([e.url for e in edges], extra))
         else:
-            policy = "session" if target == "session-key" else target
+            policy, _, slack = target.partition(SLACK_MARK)  # kv_aware@N: that slack
+            policy = "session" if policy == "session-key" else policy
             edge_args = ["--routing-policy", policy, *o.edge_args]
+            edge_args += ["--kv-load-slack", slack] if slack else []
             env = {"SLUICE_ADMIN_KEY": ADMIN_KEY}
             procs.append(start_edge([w.address for w in workers], edge_args, env=env))
     except BaseException:
@@ -203,7 +206,8 @@ def analysis(runs: list[dict[str, Any]], shares: dict[str, dict], targets: tuple
         pairs = zip(by.get(a, []), by.get(b, []), strict=False)
         return median([get(x) / get(y) for x, y in pairs if get(x) is not None and get(y)])
 
-    for ca in ("cache_aware", "kv_aware", "cache_aware-x2", "kv_aware-x2"):
+    slacks = [t for t in targets if SLACK_MARK in t]
+    for ca in ("cache_aware", "kv_aware", "cache_aware-x2", "kv_aware-x2", *slacks):
         if ca not in by:
             continue
         one = ca.removesuffix("-x2")

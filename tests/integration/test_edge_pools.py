@@ -332,11 +332,16 @@ def test_a_failing_canary_is_rolled_back(fleet: Fleet) -> None:
         fleet.wait_routable(tiny.address)
         failures = 0
         deadline = time.monotonic() + 20
+        enough = 0.0  # when the window first held min_requests failures
         while fleet.pools()["broken"]["weight"] > 0:
             assert time.monotonic() < deadline, "no rollback"
             codes = [fleet.chat(long_prompt).status_code for _ in range(6)]
             failures += sum(c == 400 for c in codes)
-        assert 8 <= failures <= 40
+            if failures >= 8 and not enough:
+                enough = time.monotonic()
+        # Not before min_requests outcomes; then within a few of the judge's periods (how
+        # many requests fail meanwhile depends on the machine's speed, not on the judge).
+        assert failures >= 8 and time.monotonic() - enough < 3.0, failures
         broken = fleet.pools()["broken"]
         assert "error rate" in broken["rolled_back"]["reason"]
         labels = '{pool="broken"}'

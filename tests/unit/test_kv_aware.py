@@ -12,7 +12,7 @@ from edge.routing import kvaware
 from edge.routing.pools import PoolSpec
 from edge.routing.prefix import Prompt
 from edge.routing.registry import PoolRegistry
-from edge.routing.scores import CacheAware, cache_aware
+from edge.routing.scores import holder_first
 from edge.upstream.cachefeed import CacheFeed, Owners
 from edge.upstream.channel import ChannelFactory
 from edge.upstream.worker import SERVING, Worker
@@ -182,39 +182,65 @@ def test_the_walk_stops_once_a_lone_holder_wins() -> None:
     ids = list(range(400))
     hashes = blocks.hashes(ids, 4, ROOT)
     feeds = [_feed(hashes), _feed(hashes[:2]), _feed([])]
-    loads = [0.0, 0.0, 0.0]
-    decided = kvaware.lone_holder(loads, len(hashes), 0.5)
-    hits = kvaware.held_prefix(ids, feeds, decided)
-    assert hits[1:] == [2, 0] and 2 < hits[0] < 10  # a lower bound: enough to win
-    busy = kvaware.lone_holder([4.0, 0.0, 0.0], len(hashes), 0.5)
-    assert kvaware.held_prefix(ids, feeds, busy)[0] > 10  # load weighs: walk further
-    hopeless = kvaware.lone_holder([40.0, 0.0, 0.0], len(hashes), 0.5)
-    assert kvaware.held_prefix(ids, feeds, hopeless)[0] == 3  # cannot win even with all
+    # The others' prefixes are final at 2 and 0; one block more and worker 0's is the
+    # longest whatever it holds beyond, so the walk ends there (not at block 100).
+    assert kvaware.held_prefix(ids, feeds, longest=True) == [3, 2, 0]
+    assert kvaware.held_prefix(ids, feeds) == [100, 2, 0]
 
 
 def test_stopping_early_never_changes_the_pick() -> None:
     rng = random.Random(11)
-    params = CacheAware()
     stopped = 0
     for _ in range(300):
         ids = [rng.randrange(4) for _ in range(4 * rng.randrange(1, 40))]
         hashes = blocks.hashes(ids, 4, ROOT)
         feeds = [_feed(hashes[: rng.randrange(len(hashes) + 1)]) for _ in range(4)]
         loads = [float(rng.randrange(12)) for _ in feeds]
-        decided = kvaware.lone_holder(loads, len(hashes), params.load_weight)
-        cut, full = kvaware.held_prefix(ids, feeds, decided), kvaware.held_prefix(ids, feeds)
+        free = [rng.random() < 0.8 for _ in feeds]
+        slack = float(rng.randrange(10))
+        cut = kvaware.held_prefix(ids, feeds, longest=True)
+        full = kvaware.held_prefix(ids, feeds)
         assert all(c <= f for c, f in zip(cut, full, strict=True))
         stopped += cut != full
-        picks = [
-            cache_aware(h, len(hashes), loads, params, random.Random(1))[0] for h in (cut, full)
-        ]
+        picks = [holder_first(h, loads, free, slack, random.Random(1)) for h in (cut, full)]
         assert picks[0] == picks[1]
     assert stopped > 30  # the cases this is about happened
 
 
-def _registry(policy: str = "kv_aware") -> PoolRegistry:
+def _pick(
+    hits: list[int], loads: list[float], slack: float, free: list[bool] | None = None
+) -> tuple[int, str]:
+    return holder_first(hits, loads, free or [True] * len(hits), slack, random.Random(3))
+
+
+def test_the_longest_holder_takes_it_within_the_slack() -> None:
+    # Worker 0 holds the conversation (10 blocks), the others its system prompt (4).
+    assert _pick([10, 4, 4], [12.0, 4.0, 5.0], 8.0) == (0, "cache")  # 8 more: within
+    assert _pick([10, 4, 4], [13.0, 4.0, 5.0], 8.0) == (1, "balance")  # 9 more: past
+    assert _pick([10, 4, 4], [13.0, 4.0, 5.0], 16.0) == (0, "cache")
+
+
+def test_past_the_slack_the_least_loaded_with_the_most_held_takes_it() -> None:
+    assert _pick([10, 2, 4, 0], [20.0, 3.0, 3.0, 5.0], 4.0) == (2, "balance")
+
+
+def test_ties_in_prefix_go_to_the_least_loaded_and_no_hit_is_by_load() -> None:
+    assert _pick([4, 4, 4], [6.0, 2.0, 3.0], 8.0) == (1, "cache")  # a shared system prompt
+    assert _pick([0, 0, 0], [6.0, 2.0, 3.0], 8.0) == (1, "load")
+
+
+def test_a_holder_without_a_free_slot_is_passed_over() -> None:
+    # Saturated worker 0 holds the most: the best holder among those with a slot.
+    assert _pick([10, 6, 4], [32.0, 30.0, 4.0], 64.0, [False, True, True]) == (1, "cache")
+    assert _pick([10, 0, 0], [32.0, 5.0, 4.0], 64.0, [False, True, True]) == (2, "load")
+    # All saturated: the slack alone decides among them all.
+    assert _pick([10, 0], [33.0, 32.0], 8.0, [False, False]) == (0, "cache")
+
+
+def _registry(policy: str = "kv_aware", slack: float = 8.0) -> PoolRegistry:
     spec = PoolSpec("p", "", 1.0, ["a:1", "b:1", "c:1"], policy=policy)
-    reg = PoolRegistry([spec], RoutingConfig(), ChannelFactory([]), rng=random.Random(7))
+    opts = RoutingConfig(kv_load_slack=slack)
+    reg = PoolRegistry([spec], opts, ChannelFactory([]), rng=random.Random(7))
     for w in reg.workers:
         w.status, w.epoch = SERVING, 1
     return reg
@@ -244,4 +270,25 @@ async def test_kv_aware_places_where_the_blocks_are_and_falls_back_without_event
     reg.pick(prompt=Prompt(prompt="x", token_ids=ids))
     assert placement.decisions == {"kv_cache": 1, "kv_load": 1, "load": 1}
     assert reg.routes_on_tokens() and not _registry("cache_aware").routes_on_tokens()
+    await reg.close()
+
+
+async def test_the_holder_keeps_a_conversation_within_the_slack_not_past_its_slots() -> None:
+    reg = _registry(slack=12.0)
+    a, b, c = reg.workers
+    ids = list(range(100))
+    hashes = blocks.hashes(ids, 4, ROOT)
+    _hold(a, hashes[:4])  # the system prompt
+    _hold(b, hashes[:20])  # the conversation
+    _hold(c, hashes[:4])
+    a.in_flight, b.in_flight, c.in_flight = 3, 15, 4
+    prompt = Prompt(prompt="x", token_ids=ids)
+    assert reg.pick(prompt=prompt) is b  # 12 busier than a: within the slack
+    b.in_flight = 16
+    assert reg.pick(prompt=prompt) is a  # 13 busier: the least loaded
+    b.in_flight = 3
+    b.loaded(pb.WorkerLoad(running=8, max_running=8))  # no batch slot left
+    assert reg.pick(prompt=prompt) is a
+    placement = reg.pools["p"].placement
+    assert placement.decisions == {"kv_cache": 2, "kv_balance": 1}
     await reg.close()
