@@ -80,9 +80,13 @@ class Framer:
         """`event(fmt.delta(text, None), cursor)` from a template: one `orjson.dumps` and
         one `%` (orjson never writes a raw CR or LF, so nothing is scanned). With
         `Job.stamps` the chunk carries the worker's `stamp` too."""
-        call = self._job.call
-        origin = (call.request_id, call.worker.key)
-        if not self._text_tmpl or self._retry_pending or origin != self._origin:
+        call, (rid, key) = self._job.call, self._origin
+        # The same objects as when the template was made (an equal new one is only slower).
+        if (
+            not self._text_tmpl
+            or self._retry_pending
+            or (call.request_id is not rid or call.worker.key is not key)
+        ):
             if self._text_head is None:  # the format's own delta, taken apart once
                 mark = self._job.fmt.delta(_MARK, None)
                 self._text_head, _, self._text_tail = mark.rpartition(orjson.dumps(_MARK))

@@ -1,9 +1,8 @@
 """One generation over HTTP: the ASGI response that runs it, as SSE or as one JSON body.
 
-- The body runs in the request's own task: read one upstream message, write its event,
-  and again. Over sessions the call hands chunks to `take` from its reader's task while the
-  body is parked in `read`: one write per event, no wake of this task (`edge.stream.drive`),
-  straight onto the connection once the 200 went out (`edge.stream.wire`).
+- The body runs in the request's own task: read one upstream message, write its event, and
+  again. Over sessions the call hands chunks to `take` from its reader's task while the body
+  is parked in `read`: no wake of this task, straight onto the connection (`edge.stream.wire`).
 - One watcher task notices the client leaving (it cancels the body, whose `finally`
   cancels the call, so the worker aborts at once) and owns the stream's one deadline: the
   commit to 200 after `--first-byte` if the worker has not answered, then a heartbeat
@@ -16,9 +15,8 @@ A failure after the 200 is a final `event: error` without `id:` (a client's Last
 stays at the last event it got whole; its data repeats it as `last_event_id`) instead of
 the finish, with no `[DONE]`. Event ids and numbering: `edge.stream.framing`.
 
-A client that reads slowly makes the writes wait; the call's chunks then queue, flow
-control holds the worker back after `--stream-buffer-bytes`, and the worker merges the
-tokens it makes meanwhile into fewer, larger messages.
+A client that reads slowly makes the writes wait; the call's chunks then queue, flow control
+holds the worker back, and it merges the tokens it makes meanwhile into larger messages.
 """
 
 from __future__ import annotations
@@ -26,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from time import perf_counter_ns
 from typing import Any
 
 import grpc
@@ -160,12 +159,11 @@ class GenerationResponse:
             # Parked in read, the call hands chunks to `take` from its reader's task.
             msg = first or await call.read(self)
             first = None
-            rx_ns = time.perf_counter_ns()
+            rx_ns = perf_counter_ns()
             if msg.WhichOneof("kind") == "chunk":
-                data = self._token_bytes(msg)
-                if data:
+                if data := self._token_bytes(msg):
                     await self._write(send, data, eid=self._framer.framed_id)
-                    self._event_written(msg, rx_ns)
+                    self._event_written(msg.chunk, rx_ns, self._last_ns)
                 continue
             await self._ending(send, msg.final, msg.index)
             await call.settle(STATUS_SETTLE_S)  # let the RPC's OK land before `cancel`
@@ -180,20 +178,25 @@ class GenerationResponse:
 
     def take(self, msg: pb.GenerateResponse) -> None:
         """`Sink.take`: one chunk's event written from the upstream reader's task, at once
-        unless the client lags (`write_now`); then the rest of the write becomes
-        `_flushing`, and chunks queue in the call until it is done."""
-        rx_ns = time.perf_counter_ns()
-        data = self._token_bytes(msg)
-        if not data:
+        unless the client lags; the rest of that write is then `_flushing`, and chunks queue
+        in the call until it is done. Plain text onto the connection: no calls between."""
+        rx_ns = perf_counter_ns()
+        chunk, job = msg.chunk, self.job
+        if self._plain and not chunk.reasoning:
+            if not (text := chunk.text):
+                return
+            data = self._framer.text_event(text, msg.index + 1, job.stamps and msg.worker_time_ns)
+        elif not (data := self._token_bytes(msg)):
             return
-        assert self._send is not None
-        self._flushing = write_now(self._wire, self._send, data)
+        if (wire := self._wire) is None or not wire.write(data):
+            assert self._send is not None
+            self._flushing = write_now(None, self._send, data)
         if self._flushing is None:
             self._last_id = self._framer.framed_id
         else:  # the client's once it is written
             self._flushing_id = self._framer.framed_id
-        self._last_ns = time.perf_counter_ns()
-        self._event_written(msg, rx_ns)
+        self._last_ns = now = perf_counter_ns()
+        self._event_written(chunk, rx_ns, now)
 
     def _token_bytes(self, msg: pb.GenerateResponse) -> bytes:
         """One chunk's framed event(s); empty when it makes none."""
@@ -212,12 +215,11 @@ class GenerationResponse:
             event = event[:-1] + STAMP_FIELD % msg.worker_time_ns
         return self._framer.event(event, msg.index + 1)
 
-    def _event_written(self, msg: pb.GenerateResponse, rx_ns: int) -> None:
-        job, n = self.job, len(msg.chunk.token_ids)
-        metrics = job.metrics
-        if n > 1:
-            metrics.merged_chunks += n
-        metrics.event_written(rx_ns, now := self._last_ns, self._last_event_ns)
+    def _event_written(self, chunk: pb.TokenChunk, rx_ns: int, now: int) -> None:
+        job, metrics = self.job, self.job.metrics
+        if len(chunk.token_ids) > 1:
+            metrics.merged_chunks += len(chunk.token_ids)
+        metrics.event_written(rx_ns, now, self._last_event_ns)
         if not self._last_event_ns and not job.resumed and self._record is not None:
             metrics.ttft[self._record.route].observe((now - self._t0_ns) * 1e-9)
         self._last_event_ns = now
@@ -227,8 +229,7 @@ class GenerationResponse:
         the error. Their ids point at the final message itself with a part number, the
         very last one `PART_DONE`, so a client cut off among them resumes by replaying the
         final and gets only the events it lacks."""
-        error = final_error(final)
-        if error is not None:
+        if (error := final_error(final)) is not None:
             raise error
         self._note_final(final)
         data = self._framer.frame(self.fmt.ending(final, self._framer.seq), index, final=True)
@@ -261,8 +262,7 @@ class GenerationResponse:
         """The generation's usage, as its whole stream's (a continuation's final counts
         the tokens before it): a resume that replays it notes the same generation id, so
         usage accounting counts it once."""
-        rec = self._record
-        if rec is not None:
+        if (rec := self._record) is not None:
             usage = final.usage
             rec.prompt_tokens = usage.prompt_tokens
             rec.completion_tokens = usage.completion_tokens

@@ -164,16 +164,10 @@ class FailoverCall:
         self._text: list[str] = []
         self._cancelled = False
         self.continuations = 0
-
-    @property
-    def worker(self) -> Worker:
-        return self._attempt.worker if self._attempt is not None else self._first
-
-    @property
-    def request_id(self) -> str:
-        return (
-            self._attempt.call.request_id if self._attempt is not None else self._start.request_id
-        )
+        # The current attempt's worker and generation id (plain fields, not properties:
+        # every token event's id reads them), set where an attempt starts.
+        self.worker: Worker = first
+        self.request_id: str = start.request_id
 
     # -- UpstreamCall -------------------------------------------------------------------
 
@@ -309,6 +303,7 @@ class FailoverCall:
         worker.in_flight += 1
         self._tried.add(worker.address)
         self._attempt = att
+        self.worker, self.request_id = worker, call.request_id
         return att
 
     def _end(self, att: _Attempt, outcome: str) -> None:
