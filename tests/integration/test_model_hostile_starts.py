@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from generated import sluice_pb2 as pb
 from generated import sluice_pb2_grpc as pb_grpc
-from tests.integration.test_worker_hostile_starts import REFUSALS, message, usable
+from tests.integration.test_worker_hostile_starts import (
+    REFUSALS,
+    hostile_settings,
+    message,
+    usable,
+)
 from tests.procs import Proc
 
 pytestmark = pytest.mark.model
@@ -23,12 +28,7 @@ def test_no_start_gets_internal_from_vllm(vllm_worker: Proc) -> None:
     with grpc.insecure_channel(vllm_worker.address) as channel:
         stub = pb_grpc.GenerationStub(channel)
 
-        @settings(
-            max_examples=100,
-            deadline=None,
-            derandomize=True,
-            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-        )
+        @hostile_settings(60)
         @given(start=message(pb.StartGeneration.DESCRIPTOR), keep=st.integers(0, 7))
         def one(start: pb.StartGeneration, keep: int) -> None:
             start.multiplexed = False

@@ -57,6 +57,17 @@ texts = st.one_of(
 )
 
 
+def hostile_settings(examples: int) -> Any:
+    """Hypothesis's settings for these properties: fixed draws, no deadline (a request
+    may wait on the engine), big messages allowed."""
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+
+
 def scalar(field: FieldDescriptor) -> st.SearchStrategy[Any]:
     if field.type in INTS:
         lo, hi = INTS[field.type]
@@ -151,12 +162,7 @@ def test_no_start_gets_internal_or_takes_the_worker_down(worker: Proc) -> None:
     with grpc.insecure_channel(worker.address) as channel:
         stub = pb_grpc.GenerationStub(channel)
 
-        @settings(
-            max_examples=300,
-            deadline=None,
-            derandomize=True,
-            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-        )
+        @hostile_settings(150)
         @given(start=message(pb.StartGeneration.DESCRIPTOR), keep=st.integers(0, 7))
         def one(start: pb.StartGeneration, keep: int) -> None:
             start.multiplexed = False  # one generation per call (sessions: test_sessions)
@@ -194,12 +200,7 @@ def test_no_start_breaks_a_session_or_gets_internal(worker: Proc) -> None:
 
     try:
 
-        @settings(
-            max_examples=200,
-            deadline=None,
-            derandomize=True,
-            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-        )
+        @hostile_settings(100)
         @given(start=message(pb.StartGeneration.DESCRIPTOR), keep=st.integers(0, 7))
         def one(start: pb.StartGeneration, keep: int) -> None:
             if keep:
@@ -234,12 +235,7 @@ def test_no_request_of_any_method_gets_internal(worker: Proc, method: str) -> No
     with grpc.insecure_channel(worker.address) as channel:
         call = getattr(pb_grpc.GenerationStub(channel), method)
 
-        @settings(
-            max_examples=60,
-            deadline=None,
-            derandomize=True,
-            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-        )
+        @hostile_settings(30)
         @given(request=message(kind[method].DESCRIPTOR))
         def one(request: Any) -> None:
             try:
