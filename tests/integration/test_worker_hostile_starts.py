@@ -254,3 +254,15 @@ def test_no_request_of_any_method_gets_internal(worker: Proc, method: str) -> No
             assert worker.proc.poll() is None, worker.log()[-3000:]
 
         one()
+
+
+def test_a_refusal_echoing_a_huge_value_still_reaches_the_caller(worker: Proc) -> None:
+    """Found by the property (rarely drawn): a NOT_FOUND naming a 100 KB model name was
+    over the client's metadata limit, which the caller saw as RESOURCE_EXHAUSTED."""
+    start = pb.StartGeneration(model="x" * 100_000, prompt="hello there")
+    with grpc.insecure_channel(worker.address) as channel:
+        with pytest.raises(grpc.RpcError) as err:
+            list(pb_grpc.GenerationStub(channel).Generate(iter([pb.GenerateRequest(start=start)])))
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    details = err.value.details()
+    assert details.startswith("model 'xxx") and len(details) <= 500, details[:100]
