@@ -148,6 +148,22 @@ def usable(start: pb.StartGeneration) -> None:
         start.sampling.max_tokens = max(1, min(start.sampling.max_tokens, 64))
 
 
+def answered_or_refused(
+    stub: pb_grpc.GenerationStub, start: pb.StartGeneration, worker: Proc, timeout: float
+) -> None:
+    """One simple-mode generation of `start`: it ends with its final message, or a refusal
+    in the worker's own words; the worker lives on."""
+    try:
+        got = list(stub.Generate(iter([pb.GenerateRequest(start=start)]), timeout=timeout))
+        assert got and got[-1].HasField("final"), got[-1:]
+    except grpc.RpcError as err:
+        assert err.code() in REFUSALS, (err.code(), err.details(), start)
+        # The worker's own message, not the transport's ("Stream removed": a status
+        # message over the client's metadata limit).
+        assert err.details() and "Stream removed" not in err.details(), start
+    assert worker.proc.poll() is None, worker.log()[-3000:]
+
+
 @pytest.fixture(scope="module")
 def worker() -> Iterator[Proc]:
     proc = start_worker("--engine", "sim", "--sim-ttft", "0", "--sim-token-delay", "0",
@@ -168,15 +184,7 @@ def test_no_start_gets_internal_or_takes_the_worker_down(worker: Proc) -> None:
             start.multiplexed = False  # one generation per call (sessions: test_sessions)
             if keep:  # mostly: past the first checks, so the deeper fields are reached
                 usable(start)
-            try:
-                got = list(stub.Generate(iter([pb.GenerateRequest(start=start)]), timeout=30))
-                assert got and got[-1].HasField("final"), got[-1:]
-            except grpc.RpcError as err:
-                assert err.code() in REFUSALS, (err.code(), err.details(), start)
-                # The worker's own message, not the transport's ("Stream removed": a status
-                # message over the client's metadata limit).
-                assert err.details() and "Stream removed" not in err.details(), start
-            assert worker.proc.poll() is None, worker.log()[-3000:]
+            answered_or_refused(stub, start, worker, 30)
 
         one()
 
