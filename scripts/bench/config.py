@@ -228,7 +228,7 @@ class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if isinstance(action.default, bool) and action.nargs == 0:
             return action.help
         if isinstance(action.default, tuple) and action.default and action.help:
-            return f"{action.help} (default: {','.join(action.default)})"
+            return f"{action.help} (default: {','.join(map(str, action.default))})"
         return super()._get_help_string(action)
 
 

@@ -36,3 +36,10 @@ def test_a_slack_target_is_parsed_and_weighed_against_random() -> None:
     }
     assert out["goal kv_aware@16 hit_rate >= 1.5x random"] == "met"
     assert out["goal kv_aware@16 ttft_p50 <= 0.7x random"] == "met"
+
+
+def test_the_help_lists_every_default_as_typed() -> None:
+    from scripts.bench.config import build_parser
+
+    text = " ".join(build_parser().format_help().split())  # it raised on integer lists
+    assert "decision mode: chars (default: 1000,8000,32000,128000)" in text
