@@ -80,6 +80,13 @@ class StreamConfig:
     resume_secret_file: str = option(
         "", "--resume-secret-file", f"HMAC key file for event ids (else ${SECRET_ENV}, else random)"
     )
+    # Gzip costs ~2 µs of CPU per event and saves ~300 bytes of it (edge.stream.gzip).
+    sse_gzip: bool = option(
+        True,
+        "--sse-gzip",
+        "gzip SSE streams for clients whose Accept-Encoding allows it",
+        action=argparse.BooleanOptionalAction,
+    )
     allow_stamps: bool = option(
         False, "--allow-stamps", "honour X-Sluice-Stamp-Times: 1 (benchmarks)", action="store_true"
     )

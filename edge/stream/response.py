@@ -13,10 +13,10 @@ still gets its HTTP status (429, 400, ...); then the 200 and SSE headers, the ro
 one event per upstream chunk, the finish chunk, the usage chunk if asked, `data: [DONE]`.
 A failure after the 200 is a final `event: error` without `id:` (a client's Last-Event-ID
 stays at the last event it got whole; its data repeats it as `last_event_id`) instead of
-the finish, with no `[DONE]`. Event ids and numbering: `edge.stream.framing`.
-
-A client that reads slowly makes the writes wait; the call's chunks then queue, flow control
-holds the worker back, and it merges the tokens it makes meanwhile into larger messages.
+the finish, with no `[DONE]`. Event ids and numbering: `edge.stream.framing`. A client
+that reads slowly makes the writes wait; the call's chunks then queue, flow control holds
+the worker back, and it merges the tokens it makes meanwhile into larger messages. With
+`--sse-gzip` and a client that accepts it, the body is gzip, flushed at every write.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from edge.obs.record import RequestRecord, record_of
 from edge.stream import sse
 from edge.stream.drive import write_now
 from edge.stream.framing import STAMP_FIELD, Framer
+from edge.stream.gzip import GZIP_HEADERS, Gzip, accepts_gzip
 from edge.stream.job import Job, final_error, read_prompts
 from edge.stream.wire import Wire
 from generated import sluice_pb2 as pb
@@ -88,12 +89,16 @@ class GenerationResponse:
         self._t0_ns = time.perf_counter_ns()
         self._record: RequestRecord | None = None
         self._dialect: Dialect = "openai"  # the error shape of the API called
+        self._gzip_ok = False  # the client accepts gzip (and the edge gives it)
+        self._gzip: Gzip | None = None  # the body's compressor, once the 200 says gzip
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         job, metrics = self.job, self.job.metrics
         rec = self._record = record_of(scope)
         rec.request_id, rec.trace_id, rec.model = job.request_id, job.trace_id, job.model
         self._dialect = dialect_of(scope.get("path", ""))
+        # Not with the audit log's bodies kept: they are recorded as they go out.
+        self._gzip_ok = job.config.sse_gzip and not rec.bodies and accepts_gzip(scope)
         if job.stream and scope.get("http_version") == "1.0":
             # An HTTP/1.0 client cannot read a chunked body, and uvicorn cannot send a
             # close-delimited one: say so before anything starts.
@@ -188,6 +193,8 @@ class GenerationResponse:
             data = self._framer.text_event(text, msg.index + 1, job.stamps and msg.worker_time_ns)
         elif not (data := self._token_bytes(msg)):
             return
+        if (gz := self._gzip) is not None:
+            data = gz.chunk(data)
         if (wire := self._wire) is None or not wire.write(data):
             assert self._send is not None
             self._flushing = write_now(None, self._send, data)
@@ -238,17 +245,14 @@ class GenerationResponse:
         await self._write(send, data, more=False, eid=self._framer.framed_id)
 
     async def _whole(self, send: Send) -> None:
-        call, fmt = self.call, self.fmt
-        logprobs = self.job.logprobs
+        call, fmt, logprobs = self.call, self.fmt, self.job.logprobs
         await call.admitted()  # a refusal is raised by the read
         while True:
             msg = await call.read()
             if msg.WhichOneof("kind") == "chunk":
                 fmt.collect(msg.chunk, fmt.logprobs(msg.chunk) if logprobs else None)
                 continue
-            final = msg.final
-            error = final_error(final)
-            if error is not None:
+            if (error := final_error(final := msg.final)) is not None:
                 raise error
             self._note_final(final)
             body = fmt.whole(final, logprobs)
@@ -264,11 +268,9 @@ class GenerationResponse:
         usage accounting counts it once."""
         if (rec := self._record) is not None:
             usage = final.usage
-            rec.prompt_tokens = usage.prompt_tokens
-            rec.completion_tokens = usage.completion_tokens
+            rec.prompt_tokens, rec.completion_tokens = usage.prompt_tokens, usage.completion_tokens
             rec.cached_tokens = usage.cached_prompt_tokens
-            rec.finish = pb.FinishReason.Name(final.reason)
-            rec.generation = self.job.request_id
+            rec.finish, rec.generation = pb.FinishReason.Name(final.reason), self.job.request_id
 
     async def _fail(self, send: Send, err: ApiError) -> None:
         """An error as an HTTP status before the 200, as the final event after it."""
@@ -330,16 +332,13 @@ class GenerationResponse:
             if self._watcher_write is not None and not watcher:
                 await asyncio.shield(self._watcher_write)
             return
-        self._committed = True
-        self._busy = True
+        self._committed = self._busy = True
+        headers = self._headers(SSE_HEADERS)
+        if self._gzip_ok:
+            self._gzip = Gzip()
+            headers += GZIP_HEADERS
         try:
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 200,
-                    "headers": self._headers(SSE_HEADERS),
-                }
-            )
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
         finally:
             self._busy = False
         self._wire = Wire.behind(self._record)
@@ -368,6 +367,8 @@ class GenerationResponse:
                     self._flushing = None
         if not more:
             self._complete = True
+        if (gz := self._gzip) is not None:
+            data = gz.chunk(data) if more else gz.last(data)
         if not (more and self._wire is not None and self._wire.write(data)):
             self._busy = True
             try:
@@ -391,8 +392,7 @@ class GenerationResponse:
             [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
         )
         headers.extend((k.encode(), v.encode()) for k, v in (extra or {}).items())
-        self._committed = True
-        self._busy = True
+        self._committed = self._busy = True
         try:
             await send({"type": "http.response.start", "status": status, "headers": headers})
         finally:

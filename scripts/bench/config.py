@@ -95,6 +95,12 @@ class TargetConfig:
         "ask for worker time stamps (default: on in overhead mode)",
         action=argparse.BooleanOptionalAction,
     )
+    accept_gzip: bool = option(
+        False,
+        "--accept-gzip",
+        "sse: send Accept-Encoding: gzip (as browsers and the SDKs do); bytes counted as received",
+        action="store_true",
+    )
     grpc_channels: int = option(1, "--grpc-channels", "grpc: channels the streams share")
     timeout_s: float = option(600.0, "--timeout", "per request, seconds")
 

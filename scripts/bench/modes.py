@@ -59,8 +59,8 @@ def make_factory(
     if kind == "grpc":
         return partial(GrpcDriver, where, w, model=t.model, stamp=stamp,
                        channels=t.grpc_channels, timeout=t.timeout_s, label=label)  # fmt: skip
-    return partial(OpenAIDriver, where, w, model=t.model, stamp=stamp,
-                   api_key=t.api_key, timeout=t.timeout_s, label=label)  # fmt: skip
+    return partial(OpenAIDriver, where, w, model=t.model, stamp=stamp, api_key=t.api_key,
+                   timeout=t.timeout_s, label=label, gzip=t.accept_gzip)  # fmt: skip
 
 
 def measure(

@@ -199,6 +199,7 @@ class OpenAIDriver:
         api_key: str = "",
         timeout: float = 600.0,
         label: str = "sse",
+        gzip: bool = False,
     ) -> None:
         self.host, self.port, prefix = parse_url(url)
         self.name = label
@@ -220,6 +221,8 @@ class OpenAIDriver:
             headers.append(f"Authorization: Bearer {api_key}")
         if stamp:
             headers.append(f"{STAMP_HEADER}: 1")
+        if gzip:  # a gzip body is decoded by the reader (`sse_reader`)
+            headers.append("Accept-Encoding: gzip")
         self._head = ("\r\n".join(headers) + "\r\nContent-Length: ").encode()
         self._collect = workload.kind == "multiturn"
 

@@ -9,6 +9,7 @@ sink the harness uses, so the figure is the harness's ceiling in events/s per co
 from __future__ import annotations
 
 import time
+import zlib
 
 import orjson
 
@@ -42,11 +43,11 @@ def chat_event(i: int, stamp: int) -> bytes:
     return b"id: " + event_id + b"\ndata: " + orjson.dumps(chunk) + b"\n\n"
 
 
-def synthetic_response(events: int) -> bytes:
-    """A complete chunked SSE response with `events` token events."""
-    head = (
-        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-    )
+def synthetic_response(events: int, gzip: bool = False) -> bytes:
+    """A complete chunked SSE response with `events` token events (each chunk flushed on
+    its own in one gzip member, with `gzip`)."""
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
+    head += b"content-encoding: gzip\r\n\r\n" if gzip else b"\r\n"
     stamp = time.time_ns()
     role = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
     usage = orjson.dumps(
@@ -54,6 +55,11 @@ def synthetic_response(events: int) -> bytes:
     )
     bodies = [role, *(chat_event(i, stamp) for i in range(events))]
     bodies += [b"data: " + usage + b"\n\n", b"data: [DONE]\n\n"]
+    if gzip:
+        z = zlib.compressobj(1, zlib.DEFLATED, 16 + 10)
+        bodies = [z.compress(b) + z.flush(zlib.Z_SYNC_FLUSH) for b in bodies[:-1]] + [
+            z.compress(bodies[-1]) + z.flush()
+        ]
     parts = [head]
     for body in bodies:
         parts.append(b"%x\r\n" % len(body) + body + b"\r\n")

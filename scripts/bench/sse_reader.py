@@ -2,9 +2,10 @@
 
 A load generator that parses every event into objects measures itself, not the server.
 This reader works on whole socket reads: the status line and headers once per response,
-then chunked decoding with `find`/slicing, then SSE events split on blank lines with one
-`split` per read. Events reach the sink as raw `bytes` blocks (without the blank line),
-all stamped with the read's arrival time; interpreting them is the driver's business.
+then chunked decoding with `find`/slicing (and gzip's, for a gzip body), then SSE events
+split on blank lines with one `split` per read. Events reach the sink as raw `bytes`
+blocks (without the blank line), all stamped with the read's arrival time; interpreting
+them is the driver's business.
 
 `ResponseParser` is pure (feed it bytes, it calls the sink), so it can be tested and timed
 without a socket (`selftest.py`); `SSEConnection` is the asyncio protocol around it and
@@ -16,8 +17,9 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+import zlib
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 HEAD, CHUNKED, LENGTH, UNTIL_CLOSE, DONE = range(5)
 MAX_ERROR_BODY = 64 * 1024
@@ -43,6 +45,7 @@ class ResponseParser:
         "_crlf_left",
         "_data_left",
         "_head",
+        "_inflate",
         "_left",
         "_mode",
         "_pending",
@@ -69,6 +72,7 @@ class ResponseParser:
         self._pending = b""  # an incomplete chunk-size line
         self._left = 0  # Content-Length body still to come
         self._sse = b""  # an incomplete SSE event
+        self._inflate: Any = None  # a gzip body's decoder
 
     @property
     def done(self) -> bool:
@@ -121,6 +125,8 @@ class ResponseParser:
             self.headers[name.strip().lower()] = value.strip()
         conn = self.headers.get(b"connection", b"").lower()
         self.keep_alive = conn != b"close" and (parts[0] == b"HTTP/1.1" or conn == b"keep-alive")
+        if self.headers.get(b"content-encoding", b"").lower() == b"gzip":
+            self._inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
         if b"chunked" in self.headers.get(b"transfer-encoding", b"").lower():
             self._mode = CHUNKED
         elif b"content-length" in self.headers:
@@ -182,7 +188,9 @@ class ResponseParser:
             self._body(out[0] if len(out) == 1 else b"".join(out), now_ns)
 
     def _body(self, body: bytes, now_ns: int) -> None:
-        self.body_bytes += len(body)
+        self.body_bytes += len(body)  # as received (compressed, for a gzip body)
+        if self._inflate is not None:
+            body = self._inflate.decompress(body)
         if self.status != 200:
             if len(self.error_body) < MAX_ERROR_BODY:
                 self.error_body += body[: MAX_ERROR_BODY - len(self.error_body)]

@@ -67,7 +67,7 @@ def stream(
     try:
         with httpx.stream("POST", f"{base}{CHAT}", json=body, headers=headers, timeout=60) as r:
             raw = b""
-            for part in r.iter_raw():
+            for part in r.iter_bytes():
                 raw += part
                 if under_way is not None and TOKEN in raw:
                     under_way.set()
@@ -203,7 +203,7 @@ def test_kill_9_the_edge_and_resume_every_stream_through_another() -> None:
                     "POST", f"http://{first.address}{CHAT}", json=body, timeout=30
                 ) as r:
                     raw = b""
-                    for part in r.iter_raw():
+                    for part in r.iter_bytes():
                         raw += part
                         if TOKEN in raw:
                             got_a_token.set()
@@ -262,7 +262,7 @@ def test_1000_abort_cycles_free_the_engine_and_keep_memory_flat() -> None:
             with httpx.Client(timeout=10) as c:
                 for _ in range(n):
                     with c.stream("POST", f"{base}{CHAT}", json=body) as r:
-                        for part in r.iter_raw():
+                        for part in r.iter_bytes():
                             if b"data: {" in part:
                                 break  # leave mid-stream
 

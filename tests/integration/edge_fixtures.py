@@ -140,7 +140,7 @@ def stream_raw(
 ) -> tuple[httpx.Response, bytes]:
     """POST and read the whole streamed body."""
     with httpx.stream("POST", f"{base}{path}", json=body, timeout=60, **kw) as resp:
-        raw = b"".join(resp.iter_raw())
+        raw = b"".join(resp.iter_bytes())
     return resp, raw
 
 

@@ -143,10 +143,13 @@ def test_overhead_through_smg_in_front_of_the_edge(tmp_path):
     assert "| smg | smg |" in (tmp_path / "smg.md").read_text()
 
 
-def test_sse_reader_parses_a_response_split_anywhere():
+@pytest.mark.parametrize("gzip", [False, True])
+def test_sse_reader_parses_a_response_split_anywhere(gzip: bool):
     # A response cut at every byte boundary parses to the same events: chunk-size lines,
-    # CRLFs and SSE blank lines split across reads must not lose or invent an event.
-    buffer = selftest.synthetic_response(5)
+    # CRLFs, SSE blank lines and gzip's blocks split across reads must not lose or
+    # invent an event.
+    buffer = selftest.synthetic_response(5, gzip=gzip)
+    assert (b"content-encoding: gzip" in buffer) is gzip
     for cut in range(1, len(buffer)):
         rec = RequestRecord()
         sink = StreamSink(rec, "chat", stamp=True)

@@ -85,7 +85,7 @@ def test_heartbeats_during_a_long_prefill(prefill: Stack) -> None:
     body = chat_body(max_tokens=5, stream=True)
     with httpx.stream("POST", f"{prefill.base}{CHAT}", json=body, timeout=30) as resp:
         headers_at = time.monotonic() - t0
-        arrivals.extend((time.monotonic() - t0, part) for part in resp.iter_raw())
+        arrivals.extend((time.monotonic() - t0, part) for part in resp.iter_bytes())
     raw = b"".join(part for _, part in arrivals)
     events = parse_sse(raw)
     comments = [e for e in events if "comment" in e]

@@ -295,7 +295,7 @@ def test_a_frozen_worker_is_taken_out_within_the_keepalive_bound() -> None:
             with c.stream(
                 "POST", f"{base}/v1/chat/completions", json=body, headers={"x-session-id": key}
             ) as resp:
-                parts = resp.iter_raw()
+                parts = resp.iter_bytes()
                 while raw.count(b"\ndata: {") < 3:
                     raw += next(parts)
                 os.kill(frozen.pid, signal.SIGSTOP)

@@ -31,7 +31,7 @@ def test_sigterm_lets_the_in_flight_stream_finish_then_exits_0() -> None:
                 url, body = f"{base}/v1/chat/completions", {**BODY, "stream": True}
                 with httpx.stream("POST", url, json=body, timeout=60) as r:
                     raw = b""
-                    for part in r.iter_raw():
+                    for part in r.iter_bytes():
                         raw += part
                         if raw.count(b"\ndata: {") >= 2:  # the role chunk and a token
                             under_way.set()
@@ -109,7 +109,7 @@ def test_drain_past_its_grace_ends_streams_with_a_retryable_error_and_readyz_503
                 long = {**BODY, "max_tokens": 200, "min_tokens": 200, "stream": True}
                 with c.stream("POST", f"{base}/v1/chat/completions", json=long) as resp:
                     raw = b""
-                    parts = resp.iter_raw()
+                    parts = resp.iter_bytes()
                     while raw.count(b"\ndata: {") < 4:  # the stream is under way
                         raw += next(parts)
                     edge.proc.send_signal(signal.SIGTERM)

@@ -6,6 +6,7 @@ greedy request, never from a string written here.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -68,6 +69,46 @@ def test_chat_stream_text_equals_worker_text(sim: Stack) -> None:
     assert [c["choices"][0]["finish_reason"] for c in got[:-1]] == [None] * (len(got) - 1)
     assert got[-1]["choices"][0]["finish_reason"] == FINISH[final.reason]
     assert "usage" not in got[-1]
+
+
+def _same_request(events: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """Events with what differs between two runs of one request taken out (ids, time)."""
+    out: list[dict[str, Any]] = []
+    for e in events:
+        data = e.get("data")
+        body = orjson.loads(data) if data and data.startswith("{") else data
+        if isinstance(body, dict):
+            body.pop("id"), body.pop("created")
+        out.append({**e, "id": "id" in e, "data": body})
+    return out
+
+
+def test_a_client_accepting_gzip_gets_the_same_stream_gzipped(sim: Stack) -> None:
+    plain_resp, plain = stream_raw(
+        sim.base,
+        "/v1/chat/completions",
+        chat_body(stream=True),
+        headers={"accept-encoding": "identity"},
+    )
+    assert "content-encoding" not in plain_resp.headers
+    inflate, decoded, wire = zlib.decompressobj(16 + zlib.MAX_WBITS), [], 0
+    with httpx.stream(
+        "POST",
+        f"{sim.base}/v1/chat/completions",
+        json=chat_body(stream=True),
+        headers={"accept-encoding": "gzip, deflate"},
+        timeout=60,
+    ) as resp:
+        assert (resp.headers["content-encoding"], resp.headers["vary"]) == (
+            "gzip",
+            "accept-encoding",
+        )
+        for part in resp.iter_raw():
+            wire += len(part)
+            decoded.append(inflate.decompress(part))
+    assert inflate.eof
+    assert _same_request(parse_sse(b"".join(decoded))) == _same_request(parse_sse(plain))
+    assert len(chunks(parse_sse(plain))) > 20 and wire < len(plain) / 4
 
 
 def test_completion_stream_text_equals_worker_text(sim: Stack) -> None:

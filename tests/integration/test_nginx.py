@@ -202,7 +202,7 @@ def read_sse(resp: httpx.Response) -> list[tuple[float, bytes]]:
     """(arrival time, raw event) per SSE event, timed when its bytes came off the socket."""
     events: list[tuple[float, bytes]] = []
     pending = b""
-    for chunk in resp.iter_raw():
+    for chunk in resp.iter_bytes():
         now = time.monotonic()
         pending += chunk
         while b"\n\n" in pending:

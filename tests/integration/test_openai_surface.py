@@ -390,7 +390,7 @@ def test_a_resume_mid_stream_is_exact(sim: Stack, case: str) -> None:
         with http.stream("POST", url, json=body) as resp:
             assert resp.status_code == 200
             buf = b""
-            for part in resp.iter_raw():
+            for part in resp.iter_bytes():
                 buf += part
                 first = _events(buf.rsplit(b"\n\n", 1)[0] + b"\n\n")
                 if len(first) >= 6:

@@ -90,7 +90,7 @@ def _sse(base: str, path: str) -> list[bytes]:
     headers = {"authorization": f"Bearer {KEYS['ann']}"}
     with httpx.stream("GET", f"{base}{path}", headers=headers, timeout=30) as resp:
         assert resp.status_code == 200, resp.read()
-        raw = b"".join(resp.iter_raw())
+        raw = b"".join(resp.iter_bytes())
     assert raw.startswith(b"retry: 3000\n")
     return raw.removeprefix(b"retry: 3000\n").split(b"\n\n")[:-1]
 

@@ -234,7 +234,7 @@ def test_a_worker_killed_mid_stream_shows_as_two_attempts(traced: Traced) -> Non
         timeout=30,
     ) as resp:
         assert resp.status_code == 200
-        for part in resp.iter_raw():
+        for part in resp.iter_bytes():
             raw += part
             if killed is None and raw.count(b'"content"') >= 5:
                 killed = next(w for w in traced.workers if worker_stats(w.address).running > 0)

@@ -346,7 +346,7 @@ def test_not_ready_triton_is_not_serving_and_a_killed_one_ends_streams_well() ->
         with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=30) as r:
             assert r.status_code == 200
             raw = b""
-            for part in r.iter_raw():
+            for part in r.iter_bytes():
                 raw += part
                 if raw.count(b'"content":" ') >= 2 and server.proc.poll() is None:
                     wait_event(server, next(e for e in server.events() if e.startswith("start")))
