@@ -1,7 +1,7 @@
 """Gzip for a stream's body when the client accepts it (`--sse-gzip`): every write flushed
 on its own (`Z_SYNC_FLUSH`), so each event can be read the moment it arrives. A 1 KiB
 window holds the last event, which is what a token event repeats: ~22 bytes on the wire
-instead of ~320, for ~2 µs of CPU and ~12 KiB a stream (BENCHMARKS.md, issue 22 round 5)."""
+instead of ~320, for ~8 µs of edge CPU and ~12 KiB a stream (BENCHMARKS.md, round 5)."""
 
 from __future__ import annotations
 
