@@ -10,7 +10,7 @@ import zlib
 from starlette.types import Scope
 
 LEVEL, WINDOW_BITS, MEM_LEVEL = 1, 10, 2
-GZIP_HEADERS = [(b"content-encoding", b"gzip"), (b"vary", b"accept-encoding")]
+CONTENT_ENCODING, VARY = (b"content-encoding", b"gzip"), (b"vary", b"accept-encoding")
 
 
 def accepts_gzip(scope: Scope) -> bool:

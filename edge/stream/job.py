@@ -12,6 +12,7 @@ import grpc
 from edge.config import StreamConfig
 from edge.errors import ApiError, from_status, from_status_code_number
 from edge.obs.metrics import Metrics
+from edge.obs.record import RequestRecord
 from edge.stream.ids import ResumeCodec, ResumePoint
 from edge.upstream.calls import UpstreamCall
 from generated import sluice_pb2 as pb
@@ -94,6 +95,17 @@ def final_error(final: pb.Final) -> ApiError | None:
     if final.reason == pb.FINISH_REASON_CANCELLED:
         return from_status(grpc.StatusCode.CANCELLED, "the generation was cancelled")
     return from_status(grpc.StatusCode.UNKNOWN, "the generation failed")
+
+
+def note_final(rec: RequestRecord | None, final: pb.Final, generation: str) -> None:
+    """The generation's usage, as its whole stream's (a continuation's final counts the
+    tokens before it): a resume that replays it notes the same generation id, so usage
+    accounting counts it once."""
+    if rec is not None:
+        usage = final.usage
+        rec.prompt_tokens, rec.completion_tokens = usage.prompt_tokens, usage.completion_tokens
+        rec.cached_tokens = usage.cached_prompt_tokens
+        rec.finish, rec.generation = pb.FinishReason.Name(final.reason), generation
 
 
 async def read_prompts(call: UpstreamCall, fmt: Format) -> pb.GenerateResponse | None:

@@ -36,18 +36,13 @@ from edge.obs.record import RequestRecord, record_of
 from edge.stream import sse
 from edge.stream.drive import write_now
 from edge.stream.framing import STAMP_FIELD, Framer
-from edge.stream.gzip import GZIP_HEADERS, Gzip, accepts_gzip
-from edge.stream.job import Job, final_error, read_prompts
+from edge.stream.gzip import CONTENT_ENCODING, VARY, Gzip, accepts_gzip
+from edge.stream.job import Job, final_error, note_final, read_prompts
 from edge.stream.wire import Wire
 from generated import sluice_pb2 as pb
 
 log = logging.getLogger("sluice.edge")
 
-SSE_HEADERS = [
-    (b"content-type", b"text/event-stream; charset=utf-8"),
-    (b"cache-control", b"no-cache"),
-    (b"x-accel-buffering", b"no"),
-]
 WORKER_HEADER = b"x-sluice-worker"
 DONE = b"[DONE]"
 ERROR_EVENT = b"error"
@@ -82,7 +77,8 @@ class GenerationResponse:
         self._send: Send | None = None  # the body's `send`, for `take`
         self._wire: Wire | None = None  # the connection itself, once the 200 went out
         self._flushing: asyncio.Future[None] | None = None  # a `take` write that waited
-        self._flushing_id = b""  # ... and its event's id
+        self._flushing_id = self._flushing_data = b""  # ... and its event's id and bytes
+        self._unsent = b""  # gzip bytes a cancelled write did not send (`_keep_unsent`)
         self._gone = False  # the client left: the watcher cancelled the body
         self._last_ns = 0  # perf_counter_ns of the last write
         self._last_event_ns = 0  # ... of the last token event
@@ -118,10 +114,11 @@ class GenerationResponse:
             if not self._gone:
                 # The server's cancel (drain grace over): a last retryable error (an event,
                 # or a 503 before anything was sent) rather than a cut connection, then go.
-                # An event `take` could not write yet is dropped, as the body's would be.
+                # An event `take` could not write yet is dropped (not with gzip: unsent).
                 if self._flushing is not None:
                     self._flushing.cancel()
                     self._flushing = None
+                    self._keep_unsent(self._flushing_data, self._flushing_id)
                 if not self._complete:
                     await self._fail(send, DRAINING)
                 raise
@@ -201,7 +198,7 @@ class GenerationResponse:
         if self._flushing is None:
             self._last_id = self._framer.framed_id
         else:  # the client's once it is written
-            self._flushing_id = self._framer.framed_id
+            self._flushing_id, self._flushing_data = self._framer.framed_id, data
         self._last_ns = now = perf_counter_ns()
         self._event_written(chunk, rx_ns, now)
 
@@ -238,7 +235,7 @@ class GenerationResponse:
         final and gets only the events it lacks."""
         if (error := final_error(final)) is not None:
             raise error
-        self._note_final(final)
+        note_final(self._record, final, self.job.request_id)
         data = self._framer.frame(self.fmt.ending(final, self._framer.seq), index, final=True)
         if self.job.keep is not None:
             await self.job.keep()
@@ -254,23 +251,13 @@ class GenerationResponse:
                 continue
             if (error := final_error(final := msg.final)) is not None:
                 raise error
-            self._note_final(final)
+            note_final(self._record, final, self.job.request_id)
             body = fmt.whole(final, logprobs)
             if self.job.keep is not None:
                 await self.job.keep()
             await self._send_json(send, 200, orjson.dumps(body))
             await call.settle(STATUS_SETTLE_S)
             return
-
-    def _note_final(self, final: pb.Final) -> None:
-        """The generation's usage, as its whole stream's (a continuation's final counts
-        the tokens before it): a resume that replays it notes the same generation id, so
-        usage accounting counts it once."""
-        if (rec := self._record) is not None:
-            usage = final.usage
-            rec.prompt_tokens, rec.completion_tokens = usage.prompt_tokens, usage.completion_tokens
-            rec.cached_tokens = usage.cached_prompt_tokens
-            rec.finish, rec.generation = pb.FinishReason.Name(final.reason), self.job.request_id
 
     async def _fail(self, send: Send, err: ApiError) -> None:
         """An error as an HTTP status before the 200, as the final event after it."""
@@ -333,10 +320,11 @@ class GenerationResponse:
                 await asyncio.shield(self._watcher_write)
             return
         self._committed = self._busy = True
-        headers = self._headers(SSE_HEADERS)
+        headers = self._headers(sse.HEADERS)
+        if self.job.config.sse_gzip:  # the same request may be answered gzip or not
+            headers.append(VARY)
         if self._gzip_ok:
-            self._gzip = Gzip()
-            headers += GZIP_HEADERS
+            self._gzip, headers = Gzip(), [*headers, CONTENT_ENCODING]
         try:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
         finally:
@@ -368,16 +356,26 @@ class GenerationResponse:
         if not more:
             self._complete = True
         if (gz := self._gzip) is not None:
-            data = gz.chunk(data) if more else gz.last(data)
+            data, self._unsent = self._unsent + (gz.chunk(data) if more else gz.last(data)), b""
         if not (more and self._wire is not None and self._wire.write(data)):
             self._busy = True
             try:
                 await send({"type": "http.response.body", "body": data, "more_body": more})
+            except asyncio.CancelledError:
+                self._keep_unsent(data, eid)
+                raise
             finally:
                 self._busy = False
         if eid:
             self._last_id = eid
         self._last_ns = time.perf_counter_ns()
+
+    def _keep_unsent(self, data: bytes, eid: bytes) -> None:
+        """A gzip write cancelled before it went out (uvicorn's send waits for the client,
+        then writes) goes out first with the next one (the drain error), as the compressor
+        has taken its bytes."""
+        if self._gzip is not None:
+            self._unsent, self._last_id = self._unsent + data, eid or self._last_id
 
     def _headers(self, base: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
         headers = [*base, (b"x-request-id", self.job.trace_id.encode())]

@@ -10,6 +10,12 @@ import re
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 _FORBIDDEN_IN_FIELD = re.compile(r"[\r\n\0]")
 REPLACEMENT = "\ufffd"
+# A stream's response headers (nginx: do not buffer it).
+HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
 
 
 def _lines(text: str) -> list[str]:

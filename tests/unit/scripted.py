@@ -16,6 +16,7 @@ Nothing here sleeps: tests wait on `Gate.reached` and `Client.until`, each bound
 from __future__ import annotations
 
 import asyncio
+import zlib
 from collections import deque
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
@@ -359,13 +360,15 @@ class Client:
     `gate` is set and not open, each send waits at it first (a client not reading).
     """
 
-    def __init__(self, *, http_version: str = "1.1", path: str = "/v1/chat/completions") -> None:
+    def __init__(
+        self, *, http_version: str = "1.1", path: str = "/v1/chat/completions", gzip: bool = False
+    ) -> None:
         self.scope: dict[str, Any] = {
             "type": "http",
             "http_version": http_version,
             "method": "POST",
             "path": path,
-            "headers": [],
+            "headers": [(b"accept-encoding", b"gzip")] if gzip else [],
         }
         self.sent: list[Message] = []
         self.gate: Gate | None = None
@@ -426,8 +429,19 @@ class Client:
         return {k.decode(): v.decode() for k, v in start["headers"]}
 
     @property
-    def body(self) -> bytes:
+    def wire(self) -> bytes:
         return b"".join(m["body"] for m in self.sent if m["type"] == "http.response.body")
+
+    @property
+    def body(self) -> bytes:
+        """The body as the client reads it: a gzip one decoded (zlib raises if it is not
+        whole gzip), ended as a gzip member once the response is complete."""
+        if self.status is None or self.headers.get("content-encoding") != "gzip":
+            return self.wire
+        inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        body = inflate.decompress(self.wire)
+        assert inflate.eof == self.complete and not inflate.unused_data
+        return body
 
     @property
     def complete(self) -> bool:

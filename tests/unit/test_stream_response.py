@@ -157,6 +157,7 @@ async def test_a_chat_stream_is_the_golden_transcript() -> None:
         "content-type": "text/event-stream; charset=utf-8",
         "cache-control": "no-cache",
         "x-accel-buffering": "no",
+        "vary": "accept-encoding",
         "x-request-id": "trace-1",
         "x-sluice-worker": W.key,
     }
@@ -518,16 +519,19 @@ async def test_the_servers_cancel_ends_with_a_retryable_error(stream: bool) -> N
     assert b"[DONE]" not in client.body
 
 
+@pytest.mark.parametrize("gzip", [False, True])
 @pytest.mark.parametrize("body_at", ["read", "write"])
-async def test_the_servers_cancel_while_the_watcher_writes_waits_for_it(body_at: str) -> None:
+async def test_the_servers_cancel_while_the_watcher_writes_waits_for_it(
+    body_at: str, gzip: bool
+) -> None:
     """The watcher's heartbeat is going out (the client is not reading) when the server
     cancels the body, waiting for its next message or for that heartbeat to write its
     own event (a shielded wait: the cancel must not cancel the watcher's write). The
-    drain error follows the heartbeat, whole."""
+    drain error follows the heartbeat, whole (and a gzip body stays whole gzip)."""
     pause, wrote = Gate(), asyncio.Event()
     call = scripted(Accept(), Chunk("a"), Hang(pause), Do(wrote.set), Chunk("b"), End())
     j = job(call, heartbeat_s=0.01)
-    client = Client()
+    client = Client(gzip=gzip)
     task = client.run(GenerationResponse(j))
     await client.until(lambda c: delta("a", None).encode() in c.body)
     client.gate = Gate()
@@ -549,11 +553,14 @@ async def test_the_servers_cancel_while_the_watcher_writes_waits_for_it(body_at:
     assert delta("b", None).encode() not in client.body
 
 
-async def test_a_drain_error_names_the_last_event_sent_not_one_waiting_to_be() -> None:
+@pytest.mark.parametrize("gzip", [False, True])
+async def test_a_drain_error_names_the_last_event_sent_not_one_waiting_to_be(gzip: bool) -> None:
+    """Identity: the event waiting for the client is dropped. Gzip: the compressor took
+    it already, so it goes out late, before the error (the body is whole gzip)."""
     pause = Gate()
     call = scripted(Accept(), Chunk("a"), Hang(pause), Chunk("b"), End())
     j = job(call)
-    client = Client()
+    client = Client(gzip=gzip)
     task = client.run(GenerationResponse(j))
     await client.until(lambda c: delta("a", None).encode() in c.body)
     client.gate = Gate()  # the client stops reading (uvicorn waits to write)
@@ -564,7 +571,38 @@ async def test_a_drain_error_names_the_last_event_sent_not_one_waiting_to_be() -
     with pytest.raises(asyncio.CancelledError):
         await task
     events = client.data_events()
-    assert [e.get("event") for e in events] == [None, None, "error"]  # opening, a, error
+    late = [None] if gzip else []  # "b"
+    assert [e.get("event") for e in events] == [None, None, *late, "error"]  # opening, a
+    assert (delta("b", None).encode() in client.body) is gzip and client.complete
+    err = orjson.loads(events[-1]["data"])["error"]
+    assert err["last_event_id"] == events[-2]["id"]
+
+
+@pytest.mark.parametrize("gzip", [False, True])
+async def test_a_body_write_cancelled_in_send_is_not_lost_to_a_gzip_stream(gzip: bool) -> None:
+    """The body's own write of "b" (it read "b" while the watcher's heartbeat went out)
+    waits for the client when the server cancels: dropped in identity; with gzip it goes
+    out before the drain error, since the compressor took it."""
+    pause, wrote = Gate(), asyncio.Event()
+    call = scripted(Accept(), Chunk("a"), Hang(pause), Do(wrote.set), Chunk("b"), End())
+    client = Client(gzip=gzip)
+    task = client.run(GenerationResponse(job(call, heartbeat_s=0.01)))
+    await client.until(lambda c: delta("a", None).encode() in c.body)
+    first = client.gate = Gate()
+    await first.wait_reached()  # the watcher's heartbeat waits in `send`
+    pause.open()
+    await wrote.wait()  # the body has "b" and waits for the heartbeat to go first
+    second = client.gate = Gate()
+    first.open()
+    await second.wait_reached()  # the body's "b" waits in `send`
+    task.cancel()
+    second.open()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    events = client.data_events()
+    late = [None] if gzip else []  # "b"
+    assert [e.get("event") for e in events] == [None, None, *late, "error"]  # opening, a
+    assert (delta("b", None).encode() in client.body) is gzip and client.complete
     err = orjson.loads(events[-1]["data"])["error"]
     assert err["last_event_id"] == events[-2]["id"]
 
