@@ -27,7 +27,7 @@ def accepts_gzip(scope: Scope) -> bool:
             if coding in ("gzip", "x-gzip"):
                 named = q if named is None else max(named, q)
             elif coding == "*":
-                star = q
+                star = q if star is None else max(star, q)
     if named is not None:
         return named > 0
     return star is not None and star > 0

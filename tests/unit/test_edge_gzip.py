@@ -30,6 +30,7 @@ from edge.stream.gzip import Gzip, accepts_gzip
         ("br;q=1, *;q=0", False),
         ("gzip;q=0, *", False),  # named beats the wildcard
         ("*;q=0, gzip;q=0.1", True),
+        ("*;q=0.5, *;q=0", True),  # the best of repeated entries
         ("\xe9gzip", False),
     ],
 )
