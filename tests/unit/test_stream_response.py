@@ -553,6 +553,19 @@ async def test_the_servers_cancel_while_the_watcher_writes_waits_for_it(
     assert delta("b", None).encode() not in client.body
 
 
+async def drained_after_b(task: asyncio.Task[None], client: Client, gzip: bool) -> None:
+    """The server cancelled while "b" waited for the client: the stream ends with the
+    drain error naming the last event the client got ("b" itself only with gzip)."""
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    events = client.data_events()
+    late = [None] if gzip else []  # "b"
+    assert [e.get("event") for e in events] == [None, None, *late, "error"]  # opening, a
+    assert (delta("b", None).encode() in client.body) is gzip and client.complete
+    err = orjson.loads(events[-1]["data"])["error"]
+    assert err["last_event_id"] == events[-2]["id"]
+
+
 @pytest.mark.parametrize("gzip", [False, True])
 async def test_a_drain_error_names_the_last_event_sent_not_one_waiting_to_be(gzip: bool) -> None:
     """Identity: the event waiting for the client is dropped. Gzip: the compressor took
@@ -568,14 +581,7 @@ async def test_a_drain_error_names_the_last_event_sent_not_one_waiting_to_be(gzi
     await client.gate.wait_reached()  # the body's "b" waits in `send`
     task.cancel()
     client.gate.open()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    events = client.data_events()
-    late = [None] if gzip else []  # "b"
-    assert [e.get("event") for e in events] == [None, None, *late, "error"]  # opening, a
-    assert (delta("b", None).encode() in client.body) is gzip and client.complete
-    err = orjson.loads(events[-1]["data"])["error"]
-    assert err["last_event_id"] == events[-2]["id"]
+    await drained_after_b(task, client, gzip)
 
 
 @pytest.mark.parametrize("gzip", [False, True])
@@ -597,14 +603,7 @@ async def test_a_body_write_cancelled_in_send_is_not_lost_to_a_gzip_stream(gzip:
     await second.wait_reached()  # the body's "b" waits in `send`
     task.cancel()
     second.open()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    events = client.data_events()
-    late = [None] if gzip else []  # "b"
-    assert [e.get("event") for e in events] == [None, None, *late, "error"]  # opening, a
-    assert (delta("b", None).encode() in client.body) is gzip and client.complete
-    err = orjson.loads(events[-1]["data"])["error"]
-    assert err["last_event_id"] == events[-2]["id"]
+    await drained_after_b(task, client, gzip)
 
 
 # -- resumes ----------------------------------------------------------------------------
