@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import logging.config
 import os
@@ -31,13 +30,10 @@ from edge.security import tls
 from edge.security.auth import KeyFileError, load_keys
 from edge.security.cors import check_origins
 from edge.security.http_limits import LimitedConfig
+from sluice_common.gcpause import tune_gc
 
 log = logging.getLogger("sluice.edge")
 
-# Each open stream keeps many long-lived objects (tasks, gRPC call, buffers), and every
-# event allocates more: at the default 700 allocations per young collection, thousands of
-# streams keep the collector busy. Measured in BENCHMARKS.md (target 3).
-GC_THRESHOLDS = (50_000, 20, 20)
 # After the drain: how long uvicorn waits for what is still running before cancelling it.
 FINAL_GRACE_S = 1
 
@@ -83,14 +79,6 @@ class EdgeServer(uvicorn.Server):
                 self.state.metrics.no_streams.wait(), self.edge.server.drain_grace_s
             )
         self.should_exit = True
-
-
-def tune_gc() -> None:
-    """After start-up: what exists now (modules, app, channels) lives as long as the
-    process, so the collector stops scanning it; young collections run less often."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def write_port_file(path: str, port: int) -> None:

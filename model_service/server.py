@@ -22,6 +22,7 @@ from model_service.obs.metrics import WorkerMetrics
 from model_service.rpc import reflection
 from model_service.rpc.servicer import GenerationServicer, add_to_server
 from sluice_common.contract import SERVICE_NAME
+from sluice_common.gcpause import tune_gc
 
 log = logging.getLogger("sluice.worker")
 
@@ -94,6 +95,7 @@ class Worker:
         await self.core.load_start_adapters()
         await self.core.open_gate()
         self.core.ready = True
+        tune_gc()  # the engine's and the imports' objects: no collection scans them again
         await self._set_health(SERVING)
         info = self.engine.model_info
         log.info("engine %s ready: model %s, SERVING on port %d", info.engine, info.id, self.port)
