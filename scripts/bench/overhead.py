@@ -103,7 +103,11 @@ def cpu_by_target(runs: list[dict[str, Any]], targets: tuple[str, ...]) -> dict[
         per: dict[str, Any] = {}
         for name in sorted(names, key=_path_order):
             rounds = [process_cpu(r, name) for r in mine if name in r["processes"]]
-            per[name] = {k: median([x[k] for x in rounds]) for k in rounds[0]}
+            fig = per[name] = {k: median([x[k] for x in rounds]) for k in rounds[0]}
+            # Per core from the median CPU per request, so the row agrees with itself (a
+            # median of the rounds' own ratios is not the ratio of the medians).
+            if fig["cpu_us_per_request"]:
+                fig["requests_per_s_per_core"] = round(1e6 / fig["cpu_us_per_request"], 1)
         if per:
             out[t] = per
     return out

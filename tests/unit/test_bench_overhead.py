@@ -164,7 +164,9 @@ def test_the_markdown_carries_both_peers():
     assert "| edge_over_smg_cpu_per_event | 2 |" in lines
     assert "| smg.cpu_us_per_event | 60 |" in lines
     assert "| goal edge_over_smg_cpu_per_event <= 1.0 | not met |" in lines
-    assert "| smg | smg | 6 | 60 | 6,000 | 187.5 |" in lines  # CPU table: 250, 125 per core
+    # CPU table: rounds of 4,000 and 8,000 us a request; per core from their median
+    # (1e6 / 6,000), not the median of 250 and 125 (187.5, which disagreed with the row).
+    assert "| smg | smg | 6 | 60 | 6,000 | 166.7 |" in lines
 
 
 def test_a_peer_without_stamps_gets_a_note_not_a_difference():
