@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 
 from edge.errors import invalid
+from sluice_common.depth import deeper_than
 
 # Levels of objects and arrays, the body itself the first. A JSON schema of 10 levels
 # (OpenAI's own limit) inside a tool definition takes about 25.
@@ -39,7 +40,7 @@ def param_of(base: str | None, path: list[str]) -> str | None:
 
 def check_depth(value: Any, param: str | None, limit: int = MAX_DEPTH) -> None:
     """A 400 naming the field when `value` nests deeper than `limit` levels."""
-    if not isinstance(value, dict | list):
+    if not deeper_than(value, limit):
         return
     path = too_deep(value, limit)
     if path is not None:

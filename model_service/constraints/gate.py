@@ -83,12 +83,25 @@ class ConstraintGate:
             if self._flights.get(key) is flight:
                 del self._flights[key]
         self.counts.compiled += 1
-        self._cache[key] = verdict
-        if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+        if self._conclusive(verdict):
+            self._cache[key] = verdict
+            if len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
         if verdict.kind != "ok":
-            log.info("constraint refused (%s) after %.2fs", verdict.kind, verdict.seconds)
+            log.info(
+                "constraint refused (%s) after %.2fs (%s CPU s)",
+                verdict.kind,
+                verdict.seconds,
+                verdict.cpu_s,
+            )
         return verdict
+
+    def _conclusive(self, verdict: Verdict) -> bool:
+        """Whether the verdict holds next time too: not a compile that ran out of time with
+        under half of it on a CPU (its compiler runs only on CPU the streams leave idle;
+        refused now, measured again when it comes back)."""
+        cpu = verdict.cpu_s
+        return verdict.kind != "slow" or cpu is None or cpu >= self.pool.limit_s / 2
 
     def _judge(self, verdict: Verdict, field: str) -> None:
         if verdict.kind == "ok":

@@ -30,16 +30,30 @@ log = logging.getLogger("sluice.constraints")
 START_S = 60.0  # a child's start (the fork server's own start, the first time)
 RESPAWN_PAUSE_S = 1.0  # after a child failed to start
 CONTEXT = multiprocessing.get_context("forkserver")
+TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """A compile's outcome: `ok`, `error` (the backend refused it, `message` says why),
-    `slow` (over the time bound) or `memory` (over the memory bound)."""
+    `slow` (over the time bound) or `memory` (over the memory bound). A slow one carries the
+    CPU seconds its child had meanwhile (None where unknown): far under the bound, the
+    machine was busy, not the constraint dear."""
 
     kind: str
     seconds: float = 0.0
     message: str = ""
+    cpu_s: float | None = None
+
+
+def _cpu_s(pid: int) -> float | None:
+    """A process's CPU seconds so far, user and system (None where unknown)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICKS
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
@@ -120,17 +134,21 @@ class CompilerPool:
         )
         started = time.monotonic()
         raw = b""
-        self.busy.add(worker.proc.pid)
+        pid = worker.proc.pid
+        self.busy.add(pid)
+        cpu = _cpu_s(pid)
         try:
-            # From a thread: a spec over the pipe's buffer waits for the niced child to read.
+            # From a thread: a spec over the pipe's buffer waits for the idle child to read.
             await asyncio.to_thread(worker.conn.send_bytes, line.encode())
             raw = await worker.recv(self.limit_s)
         except TimeoutError:
-            return Verdict("slow", time.monotonic() - started)
+            now = _cpu_s(pid)
+            used = None if cpu is None or now is None else now - cpu
+            return Verdict("slow", time.monotonic() - started, cpu_s=used)
         except OSError:  # it died before it read the job
             raw = b""
         finally:
-            self.busy.discard(worker.proc.pid)
+            self.busy.discard(pid)
             if raw:
                 self._idle.put_nowait(worker)
             else:  # over time, died, or its caller left: it is in an unknown state

@@ -9,25 +9,11 @@ import json
 from typing import Any
 
 from model_service.errors import InvalidArgument
+from sluice_common.depth import deeper_than
 
 # Levels of objects and arrays, the value itself the first (the edge bounds a whole
 # request body at 64 levels).
 MAX_DEPTH = 64
-
-
-def depth_over(value: Any, limit: int = MAX_DEPTH) -> bool:
-    """True when `value` holds containers more than `limit` levels deep."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if not isinstance(node, dict | list):
-            continue
-        if depth > limit:
-            return True
-        stack.extend(
-            (child, depth + 1) for child in (node.values() if isinstance(node, dict) else node)
-        )
-    return False
 
 
 def _too_deep(field: str, limit: int) -> InvalidArgument:
@@ -43,7 +29,7 @@ def loads(text: str, field: str, limit: int = MAX_DEPTH) -> Any:
         raise _too_deep(field, limit) from None
     except ValueError as exc:
         raise InvalidArgument(field, f"not valid JSON: {exc}") from None
-    if depth_over(value, limit):
+    if deeper_than(value, limit):
         raise _too_deep(field, limit)
     return value
 
@@ -59,5 +45,5 @@ def check_maybe_json(text: str, field: str, limit: int = MAX_DEPTH) -> None:
         raise _too_deep(field, limit) from None
     except ValueError:
         return  # plain text, passed on as it is
-    if depth_over(value, limit):
+    if deeper_than(value, limit):
         raise _too_deep(field, limit)

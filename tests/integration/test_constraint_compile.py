@@ -58,6 +58,8 @@ async def test_verdicts_cached_shared_bounded_in_time_and_abandoned_with_their_c
         shared = _props(20)
         await asyncio.gather(gate.check(shared, FIELD), gate.check(shared, FIELD))
         assert (gate.counts.compiled, gate.counts.cached) == (2, 1)
+        # Compilers take only CPU nothing else wants.
+        assert {os.sched_getscheduler(pid) for pid in pool.pids} == {os.SCHED_IDLE}
 
         message = await _refusal(gate, CompileJob("regex", "(a"))
         assert message.startswith(f"{FIELD}: the grammar backend refused it: ")
