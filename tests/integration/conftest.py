@@ -1,7 +1,11 @@
 """The one real vLLM worker of a test session (SmolLM2-135M-Instruct): starting vLLM is
 the slow part (~35 s on 2 CPU cores), so the model test modules share it. Requested only
 by tests marked `model`. The worker also serves vLLM's own OpenAI server over its engine
-(`vllm_openai`), for side-by-side checks without a second engine."""
+(`vllm_openai`), for side-by-side checks without a second engine.
+
+When the session runs the embeddings module, its pooling worker (`pooling_worker`) starts
+beside the session worker rather than ~27 s of its own later: each start is mostly one
+core's work, and the machine has two."""
 
 from __future__ import annotations
 
@@ -13,12 +17,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import ROOT, Proc, start_worker
+from tests.procs import ROOT, Proc, start_worker, wait_serving
 
 MAX_MODEL_LEN = 1024
 MAX_NUM_SEQS = 32
 # Where the session worker writes the port of vLLM's own server (`vllm_openai`).
 VLLM_OPENAI_PORT = Path(tempfile.gettempdir()) / f"sluice-vllm-openai-port-{os.getpid()}"
+# The pooling worker's (`test_model_embeddings.py`).
+EMBED_MODULE = "test_model_embeddings.py"
+EMBED_MAX_MODEL_LEN = 512
+EMBED_OPENAI_PORT = Path(tempfile.gettempdir()) / f"sluice-vllm-embed-port-{os.getpid()}"
+_early: dict[str, Proc] = {}  # started beside the session worker, by the module using it
 
 
 def _make_model() -> Path:
@@ -29,8 +38,31 @@ def _make_model() -> Path:
     return module.make_model()
 
 
+def _pooling_args(model_dir: Path) -> list[str]:
+    return [
+        "--engine", "vllm", "--model", str(model_dir), "--runner", "pooling",
+        "--max-model-len", str(EMBED_MAX_MODEL_LEN), "--max-num-seqs", "8",
+        "--kv-cache-space-gb", "0.1", "--enforce-eager", "--dtype", "float32",
+        "--vllm-openai-port-file", str(EMBED_OPENAI_PORT),
+    ]  # fmt: skip
+
+
+def pooling_worker() -> Proc:
+    """The embeddings module's pooling worker, SERVING: the one started beside the session
+    worker, else one started now. The caller ends it."""
+    proc = _early.pop(EMBED_MODULE, None)
+    if proc is None:
+        proc = start_worker(*_pooling_args(_make_model()), startup_timeout=240, wait=False)
+    try:
+        wait_serving(proc.address, 240)
+    except BaseException:
+        proc.kill()
+        raise
+    return proc
+
+
 @pytest.fixture(scope="session")
-def vllm_worker() -> Iterator[Proc]:
+def vllm_worker(request: pytest.FixtureRequest) -> Iterator[Proc]:
     model_dir = _make_model()
     w = start_worker(
         "--engine",
@@ -67,10 +99,20 @@ def vllm_worker() -> Iterator[Proc]:
         "--chat-role",
         "ipython",
         startup_timeout=240,
+        wait=False,
     )
-    yield w
-    w.kill()  # its group: vLLM's graceful shutdown would cost the suite ~7 s
-    VLLM_OPENAI_PORT.unlink(missing_ok=True)
+    try:
+        if any(item.path.name == EMBED_MODULE for item in request.session.items):
+            _early[EMBED_MODULE] = start_worker(
+                *_pooling_args(model_dir), startup_timeout=240, wait=False
+            )
+        wait_serving(w.address, 240)
+        yield w
+    finally:
+        w.kill()  # its group: vLLM's graceful shutdown would cost the suite ~7 s
+        for early in _early.values():  # its module did not run after all
+            early.kill()
+        VLLM_OPENAI_PORT.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="session")

@@ -7,12 +7,9 @@ context) is a 400 here too. The module's one engine start: small KV, eager, floa
 
 from __future__ import annotations
 
-import os
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,14 +17,12 @@ import numpy as np
 import openai
 import pytest
 
-from tests.integration.conftest import _make_model
+from tests.integration.conftest import EMBED_OPENAI_PORT, pooling_worker
 from tests.integration.edge_fixtures import EDGE_ENV, wait_ready
-from tests.procs import Proc, start_edge, start_worker
+from tests.procs import Proc, start_edge
 
 pytestmark = pytest.mark.model
 
-MAX_MODEL_LEN = 512
-PORT_FILE = Path(tempfile.gettempdir()) / f"sluice-vllm-embed-port-{os.getpid()}"
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Sluice serves models.", "hi"]
 
 
@@ -43,20 +38,14 @@ class Pair:
 @pytest.fixture(scope="module")
 def pair() -> Iterator[Pair]:
     started = time.monotonic()
-    worker = start_worker(
-        "--engine", "vllm", "--model", str(_make_model()), "--runner", "pooling",
-        "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "8",
-        "--kv-cache-space-gb", "0.1", "--enforce-eager", "--dtype", "float32",
-        "--vllm-openai-port-file", str(PORT_FILE),
-        startup_timeout=240,
-    )  # fmt: skip
+    worker = pooling_worker()  # started beside the session's worker when there is one
     print(f"pooling worker SERVING after {time.monotonic() - started:.1f} s")
     try:
         edge = start_edge("--worker", worker.address, env=EDGE_ENV)
         try:
             base = f"http://{edge.address}"
             wait_ready(base)
-            theirs = f"http://127.0.0.1:{int(PORT_FILE.read_text())}/v1"
+            theirs = f"http://127.0.0.1:{int(EMBED_OPENAI_PORT.read_text())}/v1"
             model = "SmolLM2-135M-Instruct"
             with (
                 openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0) as ours,
@@ -67,7 +56,7 @@ def pair() -> Iterator[Pair]:
             edge.kill()
     finally:
         worker.kill()  # its group: vLLM's graceful shutdown would cost the suite ~7 s
-        PORT_FILE.unlink(missing_ok=True)
+        EMBED_OPENAI_PORT.unlink(missing_ok=True)
 
 
 def both(pair: Pair, **kwargs: Any) -> tuple[Any, Any]:
