@@ -80,6 +80,26 @@ def _same_request(events: list[dict[str, str]]) -> list[dict[str, Any]]:
         if isinstance(body, dict):
             body.pop("id"), body.pop("created")
         out.append({**e, "id": "id" in e, "data": body})
+    return _text_joined(out)
+
+
+def _text_joined(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Runs of text-only deltas as one: how many tokens an event carries depends on how
+    far the writer is behind when they arrive (the edge joins what is waiting)."""
+    out: list[dict[str, Any]] = []
+    for e in events:
+        body = e["data"]
+        delta = body["choices"][0] if isinstance(body, dict) and body.get("choices") else None
+        text_only = (
+            delta is not None
+            and delta.get("finish_reason") is None
+            and set(delta.get("delta", {})) == {"content"}
+        )
+        last = out[-1]["data"] if out and text_only else None
+        if last is not None and last.get("_text"):
+            last["choices"][0]["delta"]["content"] += delta["delta"]["content"]  # type: ignore[index]
+            continue
+        out.append({**e, "data": {**body, "_text": True}} if text_only else e)
     return out
 
 
