@@ -44,6 +44,8 @@ def _pooling_args(model_dir: Path) -> list[str]:
         "--max-model-len", str(EMBED_MAX_MODEL_LEN), "--max-num-seqs", "8",
         "--kv-cache-space-gb", "0.1", "--enforce-eager", "--dtype", "float32",
         "--vllm-openai-port-file", str(EMBED_OPENAI_PORT),
+        # The model in the engine core's process: one process start fewer (~5 s).
+        "--distributed-executor-backend", "uni",
     ]  # fmt: skip
 
 
