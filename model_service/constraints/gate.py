@@ -20,6 +20,7 @@ from model_service.types import CompileJob
 log = logging.getLogger("sluice.constraints")
 
 CACHE_VERDICTS = 4096
+CONCLUSIVE = 0.9  # of the time bound on a CPU: a slow verdict kept
 
 
 @dataclass(slots=True)
@@ -98,10 +99,11 @@ class ConstraintGate:
 
     def _conclusive(self, verdict: Verdict) -> bool:
         """Whether the verdict holds next time too: not a compile that ran out of time with
-        under half of it on a CPU (its compiler runs only on CPU the streams leave idle;
-        refused now, measured again when it comes back)."""
+        less than 90 % of it on a CPU (its compiler runs only on CPU the streams leave
+        idle, and 3 s of work starved to 2.6 s in 5 says nothing; refused now, measured
+        again when it comes back)."""
         cpu = verdict.cpu_s
-        return verdict.kind != "slow" or cpu is None or cpu >= self.pool.limit_s / 2
+        return verdict.kind != "slow" or cpu is None or cpu >= CONCLUSIVE * self.pool.limit_s
 
     def _judge(self, verdict: Verdict, field: str) -> None:
         if verdict.kind == "ok":

@@ -37,8 +37,8 @@ TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 class Verdict:
     """A compile's outcome: `ok`, `error` (the backend refused it, `message` says why),
     `slow` (over the time bound) or `memory` (over the memory bound). A slow one carries the
-    CPU seconds its child had meanwhile (None where unknown): far under the bound, the
-    machine was busy, not the constraint dear."""
+    CPU seconds its child had meanwhile (None where unknown): under the bound, the machine
+    was busy, and the constraint may not be dear."""
 
     kind: str
     seconds: float = 0.0

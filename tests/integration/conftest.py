@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import tempfile
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +29,7 @@ EMBED_MODULE = "test_model_embeddings.py"
 EMBED_MAX_MODEL_LEN = 512
 EMBED_OPENAI_PORT = Path(tempfile.gettempdir()) / f"sluice-vllm-embed-port-{os.getpid()}"
 _early: dict[str, Proc] = {}  # started beside the session worker, by the module using it
+_taken: set[str] = set()  # modules whose worker was asked for already: none started early
 
 
 def _make_model() -> Path:
@@ -52,6 +54,7 @@ def _pooling_args(model_dir: Path) -> list[str]:
 def pooling_worker() -> Proc:
     """The embeddings module's pooling worker, SERVING: the one started beside the session
     worker, else one started now. The caller ends it."""
+    _taken.add(EMBED_MODULE)
     proc = _early.pop(EMBED_MODULE, None)
     if proc is None:
         proc = start_worker(*_pooling_args(_make_model()), startup_timeout=240, wait=False)
@@ -104,16 +107,21 @@ def vllm_worker(request: pytest.FixtureRequest) -> Iterator[Proc]:
         wait=False,
     )
     try:
-        if any(item.path.name == EMBED_MODULE for item in request.session.items):
-            _early[EMBED_MODULE] = start_worker(
-                *_pooling_args(model_dir), startup_timeout=240, wait=False
-            )
+        wanted = any(item.path.name == EMBED_MODULE for item in request.session.items)
+        if wanted and EMBED_MODULE not in _taken:
+            try:
+                _early[EMBED_MODULE] = start_worker(
+                    *_pooling_args(model_dir), startup_timeout=240, wait=False
+                )
+            except Exception as exc:  # its module starts its own (and reports why not)
+                warnings.warn(f"the pooling worker did not start early: {exc}", stacklevel=1)
         wait_serving(w.address, 240)
         yield w
     finally:
         w.kill()  # its group: vLLM's graceful shutdown would cost the suite ~7 s
         for early in _early.values():  # its module did not run after all
             early.kill()
+            EMBED_OPENAI_PORT.unlink(missing_ok=True)
         VLLM_OPENAI_PORT.unlink(missing_ok=True)
 
 

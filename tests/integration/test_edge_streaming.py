@@ -85,21 +85,29 @@ def _same_request(events: list[dict[str, str]]) -> list[dict[str, Any]]:
 
 def _text_joined(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Runs of text-only deltas as one: how many tokens an event carries depends on how
-    far the writer is behind when they arrive (the edge joins what is waiting)."""
+    far the writer is behind when they arrive (the edge joins what is waiting). Only
+    events equal but for their text join; any other field differing starts a new one."""
     out: list[dict[str, Any]] = []
+    run: Any = None  # the joined run's event without its text
     for e in events:
         body = e["data"]
-        delta = body["choices"][0] if isinstance(body, dict) and body.get("choices") else None
-        text_only = (
-            delta is not None
-            and delta.get("finish_reason") is None
-            and set(delta.get("delta", {})) == {"content"}
-        )
-        last = out[-1]["data"] if out and text_only else None
-        if last is not None and last.get("_text"):
-            last["choices"][0]["delta"]["content"] += delta["delta"]["content"]  # type: ignore[index]
+        choice = body["choices"][0] if isinstance(body, dict) and body.get("choices") else None
+        if choice is None or choice.get("finish_reason") is not None:
+            out.append(e)
+            run = None
             continue
-        out.append({**e, "data": {**body, "_text": True}} if text_only else e)
+        delta = choice.get("delta", {})
+        if set(delta) != {"content"}:
+            out.append(e)
+            run = None
+            continue
+        bare = orjson.loads(orjson.dumps(e))
+        del bare["data"]["choices"][0]["delta"]["content"]
+        if run is not None and bare == run:
+            out[-1]["data"]["choices"][0]["delta"]["content"] += delta["content"]
+            continue
+        out.append(orjson.loads(orjson.dumps(e)))
+        run = bare
     return out
 
 

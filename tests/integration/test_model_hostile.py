@@ -47,6 +47,7 @@ UNLOADED_SAMPLES = 32
 WARM_UP = 3
 PER_CANARY = 2  # cases sent beside each canary
 ROUNDS = 2
+CEILING = 2.5  # of the unloaded p99, in every round
 JSON = {"content-type": "application/json"}
 
 
@@ -93,7 +94,8 @@ def test_hostile_requests_are_400s_in_bound_beside_a_steady_canary(
     A second round (fresh slow cases) when the first's canary is over the bound: on this
     shared 2-core machine the slowest of 32 canaries with nothing else running was 0.27 to
     0.58 s from one run to the next, a swing the ratio of two maxima inherits. Every round
-    must answer every case in bound; one round must keep the canary within 1.5x."""
+    must answer every case in bound and keep the canary within 2.5x (a stall, as issue
+    28's 13x, fails at once); one round must keep it within 1.5x."""
     pid = vllm_worker.pid
     base = f"http://{edge.address}"
     seen: list[tuple[float, float]] = []
@@ -111,6 +113,7 @@ def test_hostile_requests_are_400s_in_bound_beside_a_steady_canary(
             assert outcomes == {name: (400, case.field) for name, case in cases.items()}
             assert all(times[name] < case.bound_s for name, case in cases.items()), times
             seen.append((_p99(loaded), _p99(unloaded)))
+            assert _p99(loaded) <= CEILING * _p99(unloaded), seen
             if _p99(loaded) <= 1.5 * _p99(unloaded):
                 break
         else:
@@ -126,39 +129,54 @@ def _round(
     same conditions on both sides) and those beside the cases."""
     unloaded = [_canary(http, answer) for _ in range(UNLOADED_SAMPLES // 2)]
     loaded: list[float] = []
-    stop = threading.Event()
+    stop, ended = threading.Event(), threading.Event()
     started = threading.Condition()
 
     def canary_loop() -> None:
-        with httpx.Client(base_url=base, timeout=60) as own:
-            while not stop.is_set():
-                took = _canary(own, answer)
-                with started:
-                    loaded.append(took)
-                    started.notify()
+        try:
+            with httpx.Client(base_url=base, timeout=60) as own:
+                while not stop.is_set():
+                    took = _canary(own, answer)
+                    with started:
+                        loaded.append(took)
+                        started.notify()
+        finally:
+            with started:
+                ended.set()
+                started.notify()
 
     def paced(i: int, name: str) -> tuple[int, str, float]:
         """The i-th case, once the canary it goes beside has started."""
         with started:
-            beside = started.wait_for(lambda: i < PER_CANARY * (len(loaded) + 1), 60)
-        assert beside, "the canary stopped"
+            started.wait_for(lambda: i < PER_CANARY * (len(loaded) + 1) or ended.is_set(), 60)
+        if ended.is_set():
+            canaries.result(timeout=0)  # its error, if it failed
+        assert i < PER_CANARY * (len(loaded) + 1), "the canary stopped"
         return hostile(name)
 
     def hostile(name: str) -> tuple[int, str, float]:
+        """Status, the error's param (else the body's start: an answer that is no error)
+        and seconds."""
         case = cases[name]
         t0 = time.monotonic()
         resp = http.post(case.route, content=case.body, headers=JSON)
-        return resp.status_code, resp.json()["error"].get("param"), time.monotonic() - t0
+        took = time.monotonic() - t0
+        try:
+            return resp.status_code, resp.json()["error"].get("param"), took
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return resp.status_code, resp.text[:200], took
 
     slow = [name for name, case in cases.items() if case.bound_s > 1.0]
     with concurrent.futures.ThreadPoolExecutor(1 + len(slow)) as pool:
-        beside = pool.submit(canary_loop)
-        compiling = {name: pool.submit(hostile, name) for name in slow}
-        fast = [name for name in cases if name not in slow]
-        answers = {name: paced(i, name) for i, name in enumerate(fast, len(slow))}
-        answers |= {name: f.result(timeout=60) for name, f in compiling.items()}
-        stop.set()
-        beside.result(timeout=60)
+        canaries = pool.submit(canary_loop)
+        try:
+            compiling = {name: pool.submit(hostile, name) for name in slow}
+            fast = [name for name in cases if name not in slow]
+            answers = {name: paced(i, name) for i, name in enumerate(fast, len(slow))}
+            answers |= {name: f.result(timeout=60) for name, f in compiling.items()}
+        finally:  # the canary stops however the cases ended
+            stop.set()
+        canaries.result(timeout=60)
     unloaded += [_canary(http, answer) for _ in range(UNLOADED_SAMPLES // 2)]
     return answers, unloaded, loaded
 
