@@ -96,10 +96,11 @@ def _spawn(
 
     try:
         port = eventually(bound_port, what=f"{module} binds a port", timeout=startup_timeout)
-    except AssertionError as err:
-        proc.kill()
-        proc.wait(10)
-        raise RuntimeError(f"{err}:\n{log_path.read_text()}") from None
+    except BaseException as err:  # Ctrl-C and a failed start too: none left running
+        Proc(proc, 0, log_path).kill()
+        if isinstance(err, AssertionError):
+            raise RuntimeError(f"{err}:\n{log_path.read_text()}") from None
+        raise
     return Proc(proc, port, log_path)
 
 

@@ -46,8 +46,11 @@ CASES = {**CONSTRAINTS, **BODIES}
 UNLOADED_SAMPLES = 32
 WARM_UP = 3
 PER_CANARY = 2  # cases sent beside each canary
-ROUNDS = 2
-CEILING = 2.5  # of the unloaded p99, in every round
+# A stall (issue 28: 13x beside one compile) comes back every round, with fresh slow
+# cases; the shared machine's hiccups do not. In the project's CI a round's canary was
+# over 1.5x in about 2 runs of 5 (once 4x: one canary of 1.3 s among 0.27-0.4 s ones).
+ROUNDS = 4
+BOUND = 1.5  # the issue's: loaded p99 over unloaded p99
 JSON = {"content-type": "application/json"}
 
 
@@ -67,6 +70,16 @@ def _p99(samples: list[float]) -> float:
     """Nearest rank: under 100 samples, the largest."""
     ranked = sorted(samples)
     return ranked[min(len(ranked) - 1, int(0.99 * len(ranked)))]
+
+
+def _summary(loaded: list[float], unloaded: list[float]) -> dict[str, object]:
+    """A round's canary, for the failure's message: the ratio, each side's p99 and the
+    loaded samples in the order they ran (which case a slow one went beside)."""
+    return {
+        "ratio": round(_p99(loaded) / _p99(unloaded), 2),
+        "p99": (round(_p99(loaded), 3), round(_p99(unloaded), 3)),
+        "loaded": [round(t, 3) for t in loaded],
+    }
 
 
 def _canary(http: httpx.Client, answer: str | None = None) -> float:
@@ -91,14 +104,15 @@ def test_hostile_requests_are_400s_in_bound_beside_a_steady_canary(
     the engine's one that slowed the canary they overlapped by up to 1.7x, as 8 MB of
     ordinary bodies would. That is CPU; this bounds stalls.
 
-    A second round (fresh slow cases) when the first's canary is over the bound: on this
+    Another round (fresh slow cases) while a round's canary is over the bound: on this
     shared 2-core machine the slowest of 32 canaries with nothing else running was 0.27 to
-    0.58 s from one run to the next, a swing the ratio of two maxima inherits. Every round
-    must answer every case in bound and keep the canary within 2.5x (a stall, as issue
-    28's 13x, fails at once); one round must keep it within 1.5x."""
+    0.58 s from one run to the next, a swing the ratio of two maxima inherits, and a
+    single canary of a round can be 4x the others. A stall in the worker or the edge
+    comes back every round. Every round must answer every case in bound; one round of
+    `ROUNDS` must keep the canary's p99 within 1.5x."""
     pid = vllm_worker.pid
     base = f"http://{edge.address}"
-    seen: list[tuple[float, float]] = []
+    seen: list[dict[str, object]] = []
     with httpx.Client(base_url=base, timeout=60) as http:
         first = http.post("/v1/chat/completions", json=CANARY)
         assert first.status_code == 200, first.text
@@ -112,12 +126,16 @@ def test_hostile_requests_are_400s_in_bound_beside_a_steady_canary(
             times = {name: round(took, 3) for name, (_, _, took) in answers.items()}
             assert outcomes == {name: (400, case.field) for name, case in cases.items()}
             assert all(times[name] < case.bound_s for name, case in cases.items()), times
-            seen.append((_p99(loaded), _p99(unloaded)))
-            assert _p99(loaded) <= CEILING * _p99(unloaded), seen
-            if _p99(loaded) <= 1.5 * _p99(unloaded):
+            seen.append(_summary(loaded, unloaded))
+            if _p99(loaded) <= BOUND * _p99(unloaded):
                 break
         else:
-            raise AssertionError(f"canary p99 loaded, unloaded per round: {seen}")
+            pauses = [
+                line for proc in (edge, vllm_worker) for line in proc.log().splitlines()
+                if "gc pause" in line
+            ]  # fmt: skip
+            raise AssertionError(f"every round's canary was over {BOUND}x: {seen}; {pauses}")
+    print(f"canary rounds: {seen}")
     assert vllm_worker.pid == pid and vllm_worker.proc.poll() is None
 
 

@@ -3,6 +3,7 @@ scans, and young collections come less often."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -19,3 +20,21 @@ def test_start_ups_objects_are_frozen_and_the_thresholds_set() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == f"[true, {list(GC_THRESHOLDS)}, 0]"
+
+
+def test_a_slow_collection_is_logged_with_its_generation() -> None:
+    # A bound of 0 s: every collection is slow; the one full collection (automatic ones
+    # off) of a heap built after the freeze.
+    code = (
+        "import gc, logging; from sluice_common.gcpause import tune_gc; "
+        "logging.basicConfig(format='%(name)s %(levelname)s %(message)s'); "
+        "tune_gc(0.0); gc.disable(); later = [[i] for i in range(100_000)]; gc.collect(); "
+        "print(sum(1 for cb in gc.callbacks if type(cb).__name__ == '_PauseClock'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    lines = out.stderr.splitlines()
+    assert out.stdout.strip() == "1"
+    assert [re.sub(r"\d+ ms \(\d+", "N ms (N", line) for line in lines] == [
+        "sluice.gc WARNING gc pause: a generation-2 collection held the process N ms "
+        "(N objects freed)"
+    ]
