@@ -199,6 +199,8 @@ class CompilerPool:
         )
         # The first start also starts the fork server (seconds): off the event loop.
         await asyncio.to_thread(proc.start)
+        if proc.pid is not None:  # before it is listed (`pids`) or runs much
+            child.background(proc.pid)
         theirs.close()
         worker = _Child(proc, mine)
         self._children.add(worker)
