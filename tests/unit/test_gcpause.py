@@ -1,5 +1,6 @@
 """`tune_gc` (both processes call it once serving): start-up's objects leave the collector's
-scans, and young collections come less often."""
+scans, young collections come less often, and a slow collection is logged. Each in a child
+process: freezing this process's objects would outlast the test."""
 
 from __future__ import annotations
 
@@ -9,32 +10,37 @@ import sys
 
 from sluice_common.gcpause import GC_THRESHOLDS
 
+PRELUDE = "import gc, json, logging; from sluice_common.gcpause import tune_gc; "
+
+
+def _child(code: str) -> tuple[str, list[str]]:
+    """Standard output and the lines of standard error of `code` run after `PRELUDE`."""
+    out = subprocess.run(
+        [sys.executable, "-c", PRELUDE + code], capture_output=True, text=True, check=True
+    )
+    return out.stdout.strip(), out.stderr.splitlines()
+
 
 def test_start_ups_objects_are_frozen_and_the_thresholds_set() -> None:
-    # In a child: freezing this process's objects would outlast the test.
-    code = (
-        "import gc, json; from sluice_common.gcpause import tune_gc; "
+    printed, _ = _child(
         "kept = [[i] for i in range(10_000)]; tune_gc(); "
         "print(json.dumps([gc.get_freeze_count() >= 10_000, gc.get_threshold(), "
         "gc.get_count()[2]]))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == f"[true, {list(GC_THRESHOLDS)}, 0]"
+    assert printed == f"[true, {list(GC_THRESHOLDS)}, 0]"
 
 
 def test_a_slow_collection_is_logged_with_its_generation() -> None:
-    # A bound of 0 s: every collection is slow; the one full collection (automatic ones
-    # off) of a heap built after the freeze.
-    code = (
-        "import gc, logging; from sluice_common.gcpause import tune_gc; "
+    # A bound of 0 s: every collection is slow. Automatic ones off: the second `tune_gc`'s
+    # full collection and one of a heap built after the freeze, each logged once (one
+    # clock however often `tune_gc` runs).
+    printed, lines = _child(
         "logging.basicConfig(format='%(name)s %(levelname)s %(message)s'); "
-        "tune_gc(0.0); gc.disable(); later = [[i] for i in range(100_000)]; gc.collect(); "
-        "print(sum(1 for cb in gc.callbacks if type(cb).__name__ == '_PauseClock'))"
+        "gc.disable(); tune_gc(0.0); tune_gc(0.0); later = [[i] for i in range(100_000)]; "
+        "gc.collect(); print(sum(1 for cb in gc.callbacks if type(cb).__name__ == '_PauseClock'))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    lines = out.stderr.splitlines()
-    assert out.stdout.strip() == "1"
-    assert [re.sub(r"\d+ ms \(\d+", "N ms (N", line) for line in lines] == [
+    assert printed == "1"
+    assert [re.sub(r"\d+ ms \(\d+", "N ms (N", line) for line in lines] == 2 * [
         "sluice.gc WARNING gc pause: a generation-2 collection held the process N ms "
         "(N objects freed)"
     ]
