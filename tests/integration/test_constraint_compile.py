@@ -52,9 +52,8 @@ async def test_verdicts_cached_shared_bounded_in_time_and_abandoned_with_their_c
     try:
         small = _props(3)
         await gate.check(small, FIELD)  # waits for a child to start, then compiles
-        t0 = time.monotonic()
         await gate.check(small, FIELD)  # the cached verdict: no child asked
-        assert time.monotonic() - t0 < 0.01
+        assert (gate.counts.compiled, gate.counts.cached) == (1, 1)
         shared = _props(20)
         await asyncio.gather(gate.check(shared, FIELD), gate.check(shared, FIELD))
         assert (gate.counts.compiled, gate.counts.cached) == (2, 1)

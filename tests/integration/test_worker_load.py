@@ -13,6 +13,9 @@ from generated import sluice_pb2_grpc as pb_grpc
 from model_service.client import SluiceClient
 from tests.procs import start_worker
 
+# Long beside this machine's hiccups (a loop held 0.3 s happens): a push on a change comes
+# within half of it, the heartbeat after half of it.
+HEARTBEAT_MS = 1_000
 SYSTEM = " ".join(f"rule{i}" for i in range(300))  # 300+ tokens: many 16-token blocks
 
 
@@ -29,7 +32,8 @@ def worker():
 async def test_load_is_pushed_at_once_on_change_and_as_a_heartbeat(worker) -> None:
     async with grpc.aio.insecure_channel(worker.address) as ch:
         stub = pb_grpc.GenerationStub(ch)
-        watch = stub.WatchLoad(pb.WatchLoadRequest(min_interval_ms=20, max_interval_ms=400))
+        request = pb.WatchLoadRequest(min_interval_ms=20, max_interval_ms=HEARTBEAT_MS)
+        watch = stub.WatchLoad(request)
         first = await asyncio.wait_for(watch.read(), 2)
         assert (first.seq, first.running, first.max_running) == (0, 0, 8)
         assert first.kv_cache_tokens > 0
@@ -39,7 +43,7 @@ async def test_load_is_pushed_at_once_on_change_and_as_a_heartbeat(worker) -> No
         t0 = time.monotonic()
         msg = await asyncio.wait_for(watch.read(), 2)
         assert msg.running == 1 and msg.seq == 1
-        assert time.monotonic() - t0 < 0.3  # pushed on the change, not at the heartbeat
+        assert time.monotonic() - t0 < HEARTBEAT_MS / 2000  # on the change, not the heartbeat
         async for _ in gen:
             pass
         msg = await asyncio.wait_for(watch.read(), 2)
@@ -47,8 +51,8 @@ async def test_load_is_pushed_at_once_on_change_and_as_a_heartbeat(worker) -> No
             msg = await asyncio.wait_for(watch.read(), 2)
         assert msg.generated_tokens >= 60
         t0 = time.monotonic()  # nothing changes now: the next one is the heartbeat
-        beat = await asyncio.wait_for(watch.read(), 2)
-        assert 0.25 < time.monotonic() - t0 < 1.0 and beat.running == 0
+        beat = await asyncio.wait_for(watch.read(), 3 * HEARTBEAT_MS / 1000)
+        assert HEARTBEAT_MS / 2000 < time.monotonic() - t0 and beat.running == 0
         watch.cancel()
 
 
