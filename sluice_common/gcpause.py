@@ -34,7 +34,7 @@ class _PauseClock:
         took = time.perf_counter() - self._started
         if took >= self.slow_s:
             log.warning(
-                "gc pause: a generation-%d collection held the process %.0f ms (%d objects freed)",
+                "gc pause: a generation-%d collection took %.0f ms (%d objects freed)",
                 info["generation"],
                 took * 1000,
                 info["collected"],
@@ -42,8 +42,13 @@ class _PauseClock:
 
 
 def tune_gc(slow_pause_s: float = SLOW_PAUSE_S) -> None:
+    """Freeze what exists, set the thresholds, and from then on log collections of
+    `slow_pause_s` or more (one clock per process: a later call sets its bound)."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
-    if not any(isinstance(cb, _PauseClock) for cb in gc.callbacks):
-        gc.callbacks.append(_PauseClock(slow_pause_s))
+    for cb in gc.callbacks:
+        if isinstance(cb, _PauseClock):
+            cb.slow_s = slow_pause_s
+            return
+    gc.callbacks.append(_PauseClock(slow_pause_s))

@@ -51,6 +51,7 @@ PER_CANARY = 2  # cases sent beside each canary
 # over 1.5x in about 2 runs of 5 (once 4x: one canary of 1.3 s among 0.27-0.4 s ones).
 ROUNDS = 4
 BOUND = 1.5  # the issue's: loaded p99 over unloaded p99
+CEILING = 2.5  # every round: the second-slowest loaded canary over the unloaded p99
 JSON = {"content-type": "application/json"}
 
 
@@ -82,6 +83,11 @@ def _summary(loaded: list[float], unloaded: list[float]) -> dict[str, object]:
     }
 
 
+def _gc_pauses(*procs: Proc) -> list[str]:
+    """The slow collections the processes logged (`sluice_common/gcpause.py`)."""
+    return [line for proc in procs for line in proc.log().splitlines() if "gc pause" in line]
+
+
 def _canary(http: httpx.Client, answer: str | None = None) -> float:
     t0 = time.monotonic()
     resp = http.post("/v1/chat/completions", json=CANARY)
@@ -108,8 +114,9 @@ def test_hostile_requests_are_400s_in_bound_beside_a_steady_canary(
     shared 2-core machine the slowest of 32 canaries with nothing else running was 0.27 to
     0.58 s from one run to the next, a swing the ratio of two maxima inherits, and a
     single canary of a round can be 4x the others. A stall in the worker or the edge
-    comes back every round. Every round must answer every case in bound; one round of
-    `ROUNDS` must keep the canary's p99 within 1.5x."""
+    comes back every round. Every round must answer every case in bound and keep its
+    second-slowest canary within 2.5x; one round of `ROUNDS` must keep the canary's p99
+    within 1.5x."""
     pid = vllm_worker.pid
     base = f"http://{edge.address}"
     seen: list[dict[str, object]] = []
@@ -127,15 +134,15 @@ def test_hostile_requests_are_400s_in_bound_beside_a_steady_canary(
             assert outcomes == {name: (400, case.field) for name, case in cases.items()}
             assert all(times[name] < case.bound_s for name, case in cases.items()), times
             seen.append(_summary(loaded, unloaded))
+            # One slow canary may be this machine's; a second is a slowdown in any round.
+            second = sorted(loaded)[-2]
+            assert second <= CEILING * _p99(unloaded), (seen, _gc_pauses(edge, vllm_worker))
             if _p99(loaded) <= BOUND * _p99(unloaded):
                 break
         else:
-            pauses = [
-                line for proc in (edge, vllm_worker) for line in proc.log().splitlines()
-                if "gc pause" in line
-            ]  # fmt: skip
-            raise AssertionError(f"every round's canary was over {BOUND}x: {seen}; {pauses}")
-    print(f"canary rounds: {seen}")
+            raise AssertionError(
+                f"every round's canary was over {BOUND}x: {seen}; {_gc_pauses(edge, vllm_worker)}"
+            )
     assert vllm_worker.pid == pid and vllm_worker.proc.poll() is None
 
 

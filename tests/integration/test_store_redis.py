@@ -11,6 +11,7 @@ import contextlib
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
 
 import pytest
 
@@ -515,12 +516,21 @@ async def test_a_store_marked_down_is_up_again_once_redis_answers(request):
             try:
                 with pytest.raises(StoreUnavailable):  # the store timeout, once
                     await store.admit("r", 1.0, 5.0, "s", "b", 2, 30)
+                tried: list[tuple[object, ...]] = []
+                real_admit = shared.admit
+
+                async def counted(*args: Any) -> tuple[float, bool]:
+                    tried.append(args)
+                    return await real_admit(*args)
+
+                shared.admit = counted  # type: ignore[method-assign]
                 t0 = time.monotonic()
                 for lease in ("c", "d", "e"):
                     with pytest.raises(StoreUnavailable):
                         await store.admit("r", 1.0, 5.0, "s", lease, 2, 30)
-                # Refused without trying the store: three tries would take 3 x 0.25 s.
-                assert time.monotonic() - t0 < 0.6
+                # Refused without trying the store and without waiting (a try takes 0.25 s).
+                assert tried == [] and time.monotonic() - t0 < 0.6
+                shared.admit = real_admit  # type: ignore[method-assign]
             finally:
                 srv.thaw()
 
