@@ -176,8 +176,10 @@ BODIES: dict[str, Case] = {
         RESPONSES, _function_call(DEEP_ARGS), "input[0].arguments"
     ),
     "a 1 MB tool description": Case(CHAT, _chat({"tools": [BIG_DESCRIPTION]}), "tools"),
+    # 3.6 MB, decoded off the edge's loop (~90 ms of its CPU alone): on 2 cores beside the
+    # engine and the canary it took 1.07 s once in 17 runs of the canary test.
     "128 tools of 25 KB, required": Case(
-        CHAT, _chat({"tools": TOOLS_25K, "tool_choice": "required"}), "tools"
+        CHAT, _chat({"tools": TOOLS_25K, "tool_choice": "required"}), "tools", 2.0
     ),
     "1 MB chat tool_calls arguments": Case(
         CHAT, _history_call(json.dumps({"a": "x" * MB})), HISTORY_ARGS
