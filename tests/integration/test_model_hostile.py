@@ -192,7 +192,8 @@ def _round(
         except (ValueError, KeyError, TypeError, AttributeError):
             return resp.status_code, resp.text[:200], took
 
-    slow = [name for name in cases if name in slow_cases()]  # every round's names
+    slow_names = slow_cases().keys()  # every round's
+    slow = [name for name in cases if name in slow_names]
     with concurrent.futures.ThreadPoolExecutor(1 + len(slow)) as pool:
         canaries = pool.submit(canary_loop)
         try:
