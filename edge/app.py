@@ -48,8 +48,11 @@ from edge.store.rollouts import RolloutBoard
 from edge.store.usage import Ledger, MemoryLedger, RedisLedger
 from edge.store.windows import WindowCounters
 from edge.upstream.channel import ChannelFactory, channel_options
+from edge.upstream.worker import first_word
 
 log = logging.getLogger("sluice.edge")
+# How long a process waits at startup to hear from its workers before it accepts requests.
+FIRST_WORD_S = 2.0
 STOP_GRACE_S = 5.0  # how long a background task may take to stop, each time it is asked
 
 
@@ -138,6 +141,7 @@ def create_app(config: EdgeConfig, state: EdgeState | None = None) -> ASGIApp:
         pinning = state.pinning = Pinning(registry, pins)
         state.adapters = AdapterRouting(registry, config.routing)
         registry.start()
+        await first_word(registry.workers, FIRST_WORD_S)  # uvicorn accepts after this
         tasks = Supervisor()
         if config.server.metrics_dir:
             merged = SharedMetrics(config.server.metrics_dir, lambda: pages.render_metrics(state))

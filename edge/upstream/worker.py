@@ -105,6 +105,7 @@ class Worker:
         self.models_version = -1  # the worker's count of adapter changes we listed after
         self._relisting: asyncio.Task[None] | None = None  # ListModels after a new version
         self._serving = asyncio.Event()
+        self.heard = asyncio.Event()  # its health watch answered or failed once
         self._load_interval = opts.load_interval_s
         self._tasks: list[asyncio.Task[None]] = []
         self.cache = CacheFeed(self.key, self.stub, opts.kv_index_blocks)
@@ -235,10 +236,12 @@ class Worker:
                     if resp.status == SERVING and not self.models:
                         await self._load_models()
                     self._set_status(resp.status)
+                    self.heard.set()
                 self._set_status(UNREACHABLE)  # the worker ended the watch (shutting down)
             except grpc.aio.AioRpcError as err:
                 self._set_status(UNREACHABLE)
                 log.debug("health watch of %s failed: %s", self.address, err.code().name)
+            self.heard.set()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, WATCH_BACKOFF_S[1])
 
@@ -371,3 +374,22 @@ def adapter_error(err: grpc.aio.AioRpcError) -> ApiError:
     if code == grpc.StatusCode.FAILED_PRECONDITION:
         return ApiError(409, api.message, code="adapters_off")
     return api
+
+
+async def first_word(workers: list[Worker], timeout_s: float) -> None:
+    """Until each worker's health watch has answered or failed once, at most `timeout_s`:
+    a process then accepts requests knowing which workers serve (with `--processes N`,
+    /readyz answered by one process says nothing of the others)."""
+    waits = [asyncio.create_task(w.heard.wait()) for w in workers]
+    if not waits:
+        return
+    _, pending = await asyncio.wait(waits, timeout=timeout_s)
+    for task in pending:
+        task.cancel()
+    if pending:
+        log.warning(
+            "%d of %d worker(s) not heard from %.1f s into startup; serving anyway",
+            len(pending),
+            len(waits),
+            timeout_s,
+        )

@@ -6,10 +6,15 @@ import json
 import os
 import signal
 import threading
+import time
+from collections.abc import Iterator
+from concurrent import futures
 from typing import Any
 
+import grpc
 import httpx
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.integration.edge_fixtures import chat_text, chunks, parse_sse, wait_ready
 from tests.procs import start_edge, worker
@@ -61,6 +66,47 @@ def test_several_edge_processes_share_the_port() -> None:
                 assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 3
         finally:
             assert edge.terminate() == 0
+
+
+class SlowHealth(health_pb2_grpc.HealthServicer):
+    """A health service whose Watch answers SERVING only after `delay_s` (a worker slow to
+    answer on a busy machine), then holds the stream open."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+        self.watches = 0
+
+    def Watch(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        self.watches += 1
+        time.sleep(self.delay_s)
+        yield health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)
+        done = threading.Event()
+        context.add_callback(done.set)
+        done.wait()
+
+
+def test_no_process_of_a_several_process_edge_answers_before_it_heard_from_its_worker() -> None:
+    """Regression (a CI run: /v1/models 503 beside 200s): with `--processes 2`, /readyz
+    answered by one process said nothing of the other, which accepted requests before its
+    worker's health watch had answered, and said no worker was SERVING. The edge writes its
+    port file before its processes accept: the first answer of each must already know."""
+    health = SlowHealth(delay_s=0.5)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        edge = start_edge("--worker", f"127.0.0.1:{port}", "--processes", "2")
+        try:
+            base = f"http://{edge.address}"
+            # New connections, so that the kernel hands them to both processes.
+            answers = [httpx.get(f"{base}/readyz", timeout=10) for _ in range(8)]
+            assert [(r.status_code, r.json()["ready"]) for r in answers] == [(200, True)] * 8
+            assert health.watches >= 2  # each process watches the worker
+        finally:
+            edge.kill()
+    finally:
+        server.stop(grace=None)
 
 
 def test_a_killed_several_process_edge_leaves_no_process_behind() -> None:
