@@ -35,6 +35,14 @@ class SimOptions:
     token_delay_s: float = option(
         0.005, "--sim-token-delay", "decode time per token, seconds (0: as fast as possible)"
     )
+    step: str = option(
+        "batch",
+        "--sim-step",
+        "sim: when a decoding sequence takes its next token: batch (one timer for all, "
+        "as a continuous-batching engine steps) or own (each on its own clock, "
+        "--sim-token-delay after its previous token: independent long-lived streams)",
+        choices=("batch", "own"),
+    )
     startup_s: float = option(
         0.0, "--sim-startup", "simulated weight loading, seconds (NOT_SERVING meanwhile)"
     )

@@ -12,7 +12,12 @@ from tests.waits import eventually_async
 
 
 def engine(**kw) -> SimEngine:
-    sim = SimOptions(ttft_s=0, token_delay_s=kw.pop("delay", 0), answer_tokens=kw.pop("answer", 48))
+    sim = SimOptions(
+        ttft_s=0,
+        token_delay_s=kw.pop("delay", 0),
+        answer_tokens=kw.pop("answer", 48),
+        step=kw.pop("step", "batch"),
+    )
     return SimEngine(EngineConfig(engine="sim", sim=sim, **kw))
 
 
@@ -129,3 +134,32 @@ async def test_faults_from_the_fault_file_change_while_running(tmp_path):
     assert [await outcome(i) for i in range(7, 9)] == [("error", 0)] * 2
     path.write_text("{}")
     assert await outcome(9) == ("ok", 8)
+
+
+@pytest.mark.parametrize("step", ["batch", "own"])
+async def test_sequences_step_together_or_each_on_its_own_clock(step):
+    """batch: a sequence that joins between steps takes its tokens at the running one's
+    steps; own: at its own phase, half a delay apart from the other's."""
+    delay = 0.25
+    e = engine(delay=delay, step=step)
+    await e.start()
+    loop = asyncio.get_running_loop()
+    times: dict[str, list[float]] = {"a": [], "b": []}
+    second = asyncio.Event()
+
+    async def stamp(rid: str, tokens: int) -> None:
+        async for _ in e.generate(req(rid, temperature=0, max_tokens=tokens, ignore_eos=True)):
+            times[rid].append(loop.time())
+            if len(times[rid]) == 2:
+                second.set()
+
+    a = asyncio.create_task(stamp("a", 7))  # it runs on past b's last token
+    await second.wait()
+    await asyncio.sleep(delay / 2)  # the scenario: b starts half a step after a's token
+    await stamp("b", 4)
+    await a
+    gaps = [round(min(abs(tb - ta) for ta in times["a"]), 2) for tb in times["b"][1:]]
+    if step == "batch":
+        assert max(gaps) < delay / 10, (gaps, times)
+    else:
+        assert min(gaps) > delay / 4, (gaps, times)

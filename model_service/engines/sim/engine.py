@@ -323,7 +323,10 @@ class SimEngine(Engine):
                 if n == fail_at:
                     raise EngineError("injected fault (sim fault file)")
                 if n > 1 and opts.token_delay_s > 0:
-                    await self._step()
+                    if opts.step == "own":
+                        await asyncio.sleep(opts.token_delay_s)
+                    else:
+                        await self._step()
                     if req.aborted:
                         return
                 elif n % 16 == 0:
