@@ -117,6 +117,7 @@ class GrpcDriver:
                         rec.first_ns = now
                     if stamp:
                         rec.stamp_lat_ns.append(now + rec_mod.WALL_OFFSET_NS - resp.worker_time_ns)
+                        rec.stamp_at_ns.append(now)
         except grpc.aio.AioRpcError as err:
             return rec.fail(f"grpc_{err.code().name}", err.details() or "")
         rec.end_ns = time.perf_counter_ns()

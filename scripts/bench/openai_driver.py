@@ -112,6 +112,7 @@ class StreamSink:
         m = _STAMP_RE.match(ev, at + len(STAMP_KEY)) if at >= 0 else _STAMP_RE_ANY.search(ev)
         if m:
             self.rec.stamp_lat_ns.append(now_ns + rec_mod.WALL_OFFSET_NS - int(m.group(1)))
+            self.rec.stamp_at_ns.append(now_ns)
 
     def _finish(self, ev: bytes) -> None:
         m = _FINISH_RE.search(ev)

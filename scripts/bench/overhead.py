@@ -135,6 +135,9 @@ def _per_target(out: dict[str, Any], runs: list[dict[str, Any]], t: str, delay_s
     out[f"{t}.ttft_p50_ms"] = median([r["ttft_ms"].get("p50") for r in mine])
     for p in ("p50", "p99"):
         out[f"{t}.worker_to_client_{p}_ms"] = median([r["stamp_latency_ms"].get(p) for r in mine])
+        held = [r.get("stamp_latency_all_open_ms", {}).get(p) for r in mine]
+        if any(h is not None for h in held):  # every stream open at once (stats.summarize)
+            out[f"{t}.worker_to_client_all_open_{p}_ms"] = median(held)
     out[f"{t}.rx_bytes_per_token"] = median([r["wire"]["rx_bytes_per_token"] for r in mine])
     out[f"{t}.payload_bytes_per_token"] = median(
         [r["wire"]["payload_bytes_per_token"] for r in mine]

@@ -30,6 +30,7 @@ class RequestRecord:
     end_ns: int = 0  # last byte / final message
     event_ns: list[int] = field(default_factory=list)  # arrival of each token-bearing event
     stamp_lat_ns: list[int] = field(default_factory=list)  # receive - worker_time_ns, per event
+    stamp_at_ns: list[int] = field(default_factory=list)  # the receive time of each of those
     tokens: int = 0  # completion tokens: from usage when reported, else token events
     usage_tokens: bool = False  # whether `tokens` came from the server's usage
     prompt_tokens: int = 0

@@ -95,6 +95,8 @@ def run_table(runs: list[dict]) -> str:
     rows += _dist_rows(runs, "itl_ms", "ITL")
     rows += _dist_rows(runs, "e2e_ms", "E2E")
     rows += _dist_rows(runs, "stamp_latency_ms", "worker→client")
+    if any(r.get("stamp_latency_all_open_ms", {}).get("n") for r in runs):
+        rows += _dist_rows(runs, "stamp_latency_all_open_ms", "worker→client, all open")
     rows += [
         ("tokens/request (p50)", [r["tokens_per_request"].get("p50") for r in runs]),
         ("prefix-cache hit rate", [r.get("prefix_cache", {}).get("hit_rate") for r in runs]),

@@ -89,6 +89,15 @@ def summarize(result: LoadResult) -> dict[str, Any]:
     for r in ok:
         itl.extend(r.itl_ns())
         stamps.extend(r.stamp_lat_ns)
+    # Every stream open at once: from the last first token to the first end.
+    opened = max((r.first_ns for r in ok), default=0)
+    ending = min((r.end_ns for r in ok), default=0)
+    held = [
+        lat
+        for r in ok
+        for at, lat in zip(r.stamp_at_ns, r.stamp_lat_ns, strict=False)
+        if opened <= at <= ending
+    ]
     errors = Counter(r.error for r in recs if r.error)
     samples: dict[str, str] = {}
     for r in recs:
@@ -121,6 +130,7 @@ def summarize(result: LoadResult) -> dict[str, Any]:
         "itl_ms": distribution(itl),
         "e2e_ms": distribution([r.e2e_ns for r in ok]),
         "stamp_latency_ms": distribution(stamps),
+        "stamp_latency_all_open_ms": distribution(held),
         "tokens_per_request": distribution([r.tokens for r in ok], scale=1.0),
         "prefix_cache": {
             "prompt_tokens": prompt_tokens,

@@ -1,14 +1,17 @@
 """Overhead mode's figures (scripts/bench/overhead.py) from hand-made run summaries: the
 edge against its peers (vllm-router, SMG) per event, each hop's added latency, and which
-processes a target is charged for; and their rows in the markdown. No servers, so no
-peers either."""
+processes a target is charged for; and their rows in the markdown; one summary's window
+from hand-made records. No servers, so no peers either."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from scripts.bench import report
+from scripts.bench.load import LoadResult
 from scripts.bench.overhead import overhead_analysis
+from scripts.bench.record import RequestRecord
+from scripts.bench.stats import summarize
 
 EVENTS = 10_000
 
@@ -179,3 +182,24 @@ def test_a_peer_without_stamps_gets_a_note_not_a_difference():
     assert o["smg_added_p50_ms"] is None and o["smg_edge_added_p99_ms"] is None
     assert o["note smg"] == "no worker stamps through this peer; compare its lateness_*"
     assert o["smg.lateness_p50_ms"] == 0.5 and "note router" not in o
+
+
+def test_worker_to_client_all_open_counts_only_events_while_every_stream_is_open():
+    """The window runs from the last stream's first token to the first stream's end: the
+    ramp's and the drain's events stay out of it."""
+    ms = 1_000_000
+
+    def stream(first: int, end: int, at_lat: list[tuple[int, int]]) -> RequestRecord:
+        rec = RequestRecord(target="sse", start_ns=0, first_ns=first * ms, end_ns=end * ms)
+        rec.event_ns = [at * ms for at, _ in at_lat]
+        rec.stamp_at_ns = [at * ms for at, _ in at_lat]
+        rec.stamp_lat_ns = [lat * ms for _, lat in at_lat]
+        rec.tokens = len(at_lat)
+        return rec
+
+    early = stream(10, 100, [(10, 900), (50, 2), (99, 3), (100, 4)])
+    late = stream(40, 120, [(40, 700), (60, 5), (110, 800)])
+    run = summarize(LoadResult("sse", [early, late], start_ns=0, end_ns=120 * ms))
+    held = run["stamp_latency_all_open_ms"]
+    assert (held["n"], held["min"], held["max"]) == (5, 2.0, 700.0)  # 40 <= at <= 100
+    assert run["stamp_latency_ms"]["n"] == 7
