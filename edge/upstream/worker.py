@@ -379,17 +379,15 @@ def adapter_error(err: grpc.aio.AioRpcError) -> ApiError:
 async def first_word(workers: list[Worker], timeout_s: float) -> None:
     """Until each worker's health watch has answered or failed once, at most `timeout_s`:
     a process then accepts requests knowing which workers serve (with `--processes N`,
-    /readyz answered by one process says nothing of the others)."""
-    waits = [asyncio.create_task(w.heard.wait()) for w in workers]
-    if not waits:
-        return
-    _, pending = await asyncio.wait(waits, timeout=timeout_s)
-    for task in pending:
-        task.cancel()
-    if pending:
+    /readyz answered at startup by one process says nothing of the others)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            for w in workers:
+                await w.heard.wait()
+    except TimeoutError:
+        unheard = [w.address for w in workers if not w.heard.is_set()]
         log.warning(
-            "%d of %d worker(s) not heard from %.1f s into startup; serving anyway",
-            len(pending),
-            len(waits),
+            "not heard from %s %g s into startup; serving anyway",
+            ", ".join(unheard),
             timeout_s,
         )

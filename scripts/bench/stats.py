@@ -89,13 +89,14 @@ def summarize(result: LoadResult) -> dict[str, Any]:
     for r in ok:
         itl.extend(r.itl_ns())
         stamps.extend(r.stamp_lat_ns)
-    # Every stream open at once: from the last first token to the first end.
+    # Every stream open at once: from the last first token to the first end of any
+    # request (a failed one's too); a request that got no token event has no first token.
     opened = max((r.first_ns for r in ok), default=0)
-    ending = min((r.end_ns for r in ok), default=0)
+    ending = min((r.end_ns for r in recs if r.end_ns), default=0)
     held = [
         lat
         for r in ok
-        for at, lat in zip(r.stamp_at_ns, r.stamp_lat_ns, strict=False)
+        for at, lat in zip(r.stamp_at_ns, r.stamp_lat_ns, strict=True)
         if opened <= at <= ending
     ]
     errors = Counter(r.error for r in recs if r.error)

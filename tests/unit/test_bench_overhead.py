@@ -203,3 +203,9 @@ def test_worker_to_client_all_open_counts_only_events_while_every_stream_is_open
     held = run["stamp_latency_all_open_ms"]
     assert (held["n"], held["min"], held["max"]) == (5, 2.0, 700.0)  # 40 <= at <= 100
     assert run["stamp_latency_ms"]["n"] == 7
+    # A failed request's end closes the window too; one that never ran leaves it.
+    failed = RequestRecord(target="sse", start_ns=0, end_ns=80 * ms, error="http_500")
+    never = RequestRecord(target="sse", error="connect")
+    run = summarize(LoadResult("sse", [early, late, failed, never], start_ns=0, end_ns=120 * ms))
+    held = run["stamp_latency_all_open_ms"]
+    assert (held["n"], held["min"], held["max"]) == (3, 2.0, 700.0)  # 40 <= at <= 80

@@ -317,14 +317,16 @@ class SimEngine(Engine):
             holdback = max((len(s) for s in sp.stop), default=1) - 1
             text, emitted, n, prompt = "", 0, 0, len(prompt_ids)
             await self._prefill(req, prompt_ids, prefill - opts.ttft_s)
+            due = self._loop.time()  # --sim-step own: when its next token is due, less a delay
             req.prompt_logprobs = self._prompt_logprobs(request, prompt_ids)
             while not req.aborted:
                 n += 1
                 if n == fail_at:
                     raise EngineError("injected fault (sim fault file)")
                 if n > 1 and opts.token_delay_s > 0:
-                    if opts.step == "own":
-                        await asyncio.sleep(opts.token_delay_s)
+                    if opts.step == "own":  # on its own schedule, however late it is read
+                        due += opts.token_delay_s
+                        await asyncio.sleep(due - self._loop.time())
                     else:
                         await self._step()
                     if req.aborted:
