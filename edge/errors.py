@@ -173,6 +173,9 @@ class ErrorResponse(Response):
 
     def __init__(self, err: ApiError, headers: dict[str, str]) -> None:
         super().__init__(err.json(), status_code=err.status, headers=headers)
+        # Handled: its traceback's frames hold this response, which holds it (a cycle
+        # that only a collection frees).
+        err.__traceback__ = None
         self.err = err
         self._extra = headers
 

@@ -154,3 +154,7 @@ class ObsMiddleware:
                 access_log.info("%s %s %d", scope["method"], rec.route, rec.status, extra=fields)
             for sink in self.sinks:
                 sink(scope, rec, took)
+            # The server's request object holds the scope, which holds the record: without
+            # this link back the two go with their last reference, not in a collection
+            # (with 20,000 streams open, a collection of their remains held the loop ~0.7 s).
+            rec.raw_send = None
