@@ -39,8 +39,8 @@ class SimOptions:
         "batch",
         "--sim-step",
         "sim: when a decoding sequence takes its next token: batch (one timer for all, "
-        "as a continuous-batching engine steps) or own (each on its own clock, "
-        "--sim-token-delay after its previous token: independent long-lived streams)",
+        "as a continuous-batching engine steps) or own (each on its own schedule, one "
+        "token every --sim-token-delay from its first: independent long-lived streams)",
         choices=("batch", "own"),
     )
     startup_s: float = option(

@@ -17,7 +17,7 @@ log = logging.getLogger("sluice.gc")
 # At the default 700 allocations per young collection, thousands of streams keep the
 # collector busy (BENCHMARKS.md, issue 11's target 3). A generation-1 collection scans
 # what survived the young ones since the last: every second one here (at 20 of 50,000
-# each, 20,000 streams opening made them 0.5-0.7 s; now none reaches 100 ms), and a full
+# each, 20,000 streams opening made them 0.5-0.7 s; now at most ~0.14 s), and a full
 # one waits for 200 of those (it scans the whole heap).
 GC_THRESHOLDS = (20_000, 2, 200)
 SLOW_PAUSE_S = 0.1
