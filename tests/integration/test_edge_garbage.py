@@ -36,12 +36,21 @@ def test_requests_and_refusals_leave_no_cycles_for_the_collector(tmp_path: Path)
                 (chat(temperature=7), 400),
             ]
             with httpx.Client(base_url=base, timeout=30) as client:
+                # A client that leaves mid-stream, first: its stream ends while the rest run.
+                long = chat(stream=True, max_tokens=500)
+                with client.stream("POST", "/v1/chat/completions", json=long) as r:
+                    next(r.iter_bytes())
                 got = []
+                for path, body in [
+                    ("/v1/responses", {"input": "hi", "max_output_tokens": 5}),
+                    ("/v1/messages", {**chat(stream=True), "model": "sim-model"}),
+                ]:
+                    got.append(client.post(path, json=body).status_code)
                 for body, _ in asked * 5:
                     got.append(client.post("/v1/chat/completions", json=body).status_code)
                 got.append(client.get("/v1/models").status_code)
                 got.append(client.get("/v1/nothing").status_code)
-                assert got == [s for _, s in asked] * 5 + [200, 404]
+                assert got == [200, 200] + [s for _, s in asked] * 5 + [200, 404]
                 os.kill(edge.proc.pid, signal.SIGUSR1)
                 eventually(found.exists, what="the edge wrote what it collected")
             assert orjson.loads(found.read_bytes()) == {}
