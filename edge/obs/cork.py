@@ -1,37 +1,52 @@
-"""`cork`: what a response writes in the loop turn its start goes out in (the head, the
-opening events, a short answer's tokens and end) held and written as one at the next
-turn: one write syscall (and one TCP segment) where there were up to four, each ~8 µs of
-CPU on loopback here. Applied by the one `send` wrapper (`edge.obs.record`) as a response
-starts; everything the response writes later goes straight out."""
+"""`Cork`: a response's first loop turn of writes (head, opening events, a short answer's
+end) written as one at the next turn: one write syscall where there were up to four (~8
+µs each on loopback here). The edge's protocol (`edge.security.http_limits`) gives each
+request one and writes what it holds before its own writes and closes."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Protocol
 
-from starlette.types import Send
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 
+class Holder(Protocol):
+    """Who must write a cork's bytes before its own (the connection's protocol)."""
+
+    held: Cork | None
+
+
 class Cork(asyncio.Transport):
-    """A cycle's transport while corked: writes held, the rest the connection's. Released
-    (the held bytes written as one, the connection put back) at the next loop turn, or
-    first by a `close`; bytes held for a connection already closing are dropped, as the
-    connection's own `write` would."""
+    """A cycle's transport until its first turn of writes is out, the connection's
+    otherwise. `release` (the next loop turn, or first a `close`, or the protocol) writes
+    the held bytes as one and puts the connection back; bytes held for a connection that
+    the client closed are dropped, as the connection's own `write` would."""
 
-    __slots__ = ("_conn", "_cycle", "_held")
+    __slots__ = ("_conn", "_cycle", "_held", "_holder", "_loop")
 
-    def __init__(self, cycle: RequestResponseCycle, conn: asyncio.Transport) -> None:
+    def __init__(
+        self,
+        cycle: RequestResponseCycle,
+        conn: asyncio.Transport,
+        loop: asyncio.AbstractEventLoop,
+        holder: Holder,
+    ) -> None:
         super().__init__()
-        self._cycle, self._conn = cycle, conn
+        self._cycle, self._conn, self._loop, self._holder = cycle, conn, loop, holder
         self._held: list[bytes] = []
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not self._held:
+            self._loop.call_soon(self.release)
+            self._holder.held = self
         self._held.append(bytes(data))
 
     def release(self) -> None:
         if self._cycle.transport is self:
             self._cycle.transport = self._conn
+        if self._holder.held is self:
+            self._holder.held = None
         held, self._held = self._held, []
         if held and not self._conn.is_closing():
             self._conn.write(held[0] if len(held) == 1 else b"".join(held))
@@ -48,14 +63,3 @@ class Cork(asyncio.Transport):
 
     def get_write_buffer_size(self) -> int:
         return self._conn.get_write_buffer_size() + sum(map(len, self._held))
-
-
-def cork(send: Send) -> None:
-    """Hold what the response of `send` (uvicorn's httptools `send`; else nothing happens)
-    writes from now to the end of this loop turn, then write it as one (`Cork`)."""
-    cycle = getattr(send, "__self__", None)
-    if type(cycle) is not RequestResponseCycle or type(cycle.transport) is Cork:
-        return
-    held = Cork(cycle, cycle.transport)
-    cycle.transport = held
-    asyncio.get_running_loop().call_soon(held.release)

@@ -14,7 +14,6 @@ from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from edge.obs import tracing
-from edge.obs.cork import cork
 from edge.obs.logs import access_log, access_record
 from edge.obs.metrics import Metrics
 
@@ -137,7 +136,6 @@ class ObsMiddleware:
                 if not message.get("more_body", False):
                     rec.complete()
             elif message["type"] == "http.response.start":
-                cork(send)  # this turn's writes (head, body, ...) as one
                 rec.status = message["status"]
                 requests[(rec.route, rec.status)] += 1
                 if rec.headers:

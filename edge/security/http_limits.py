@@ -1,8 +1,8 @@
-"""Bounds on request heads in uvicorn's httptools protocol, which has none (a client could
-hold a connection with an endless head, or one byte a minute): over `--max-header-bytes`
-or `--max-headers` 431, not complete within `--header-timeout` 408, the connection closed.
-nginx's `large_client_header_buffers` and `client_header_timeout` use the same values.
-The timeout is the client's, not a stalled loop's (`_too_slow`)."""
+"""The edge's uvicorn (httptools) protocol. Bounds on request heads, which uvicorn has none
+of: over `--max-header-bytes` or `--max-headers` 431, not complete within `--header-timeout`
+408 (the client's time, not a stalled loop's: `_too_slow`), the connection closed, as
+nginx's `large_client_header_buffers` and `client_header_timeout`. Each request's `Cork`
+(`edge.obs.cork`), whose bytes go out before the protocol's own writes and closes."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from edge.config import ServerConfig
+from edge.obs.cork import Cork
 
 _REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 
@@ -39,6 +40,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self.held: Cork | None = None  # a cycle's cork holding bytes (it sets this)
         self._refused = False
         self._began = False  # a head began within the read being parsed
         self._head_timer: asyncio.TimerHandle | None = None
@@ -58,11 +60,26 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self._head_timer.cancel()
             self._head_timer = None
 
+    def _write_held(self) -> None:
+        """A cork's bytes out before whatever this protocol writes or closes next."""
+        if self.held is not None:
+            self.held.release()
+
     def connection_lost(self, exc: Exception | None) -> None:
+        self.held = None  # the client left: nothing more goes out
         self._end_head()
         super().connection_lost(exc)
 
+    def shutdown(self) -> None:
+        self._write_held()
+        super().shutdown()
+
+    def timeout_keep_alive_handler(self) -> None:
+        self._write_held()
+        super().timeout_keep_alive_handler()
+
     def data_received(self, data: bytes) -> None:
+        self._write_held()  # (a malformed next request is answered 400 and closed)
         if self._refused:
             return
         self._began = False
@@ -102,7 +119,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if self._refused:
             return
         self._end_head()
+        before = self.cycle
         super().on_headers_complete()
+        if (cycle := self.cycle) is not before and cycle is not None:  # a request's cycle
+            cycle.transport = Cork(cycle, self.transport, self.loop, self)
 
     def on_message_complete(self) -> None:
         if self._refused:
@@ -135,6 +155,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def _refuse(self, status: int, message: str) -> None:
         """Answer with `status` and close: the request never reaches the app."""
+        self._write_held()
         self._refused = True
         self._end_head()
         body = (
