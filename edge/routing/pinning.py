@@ -106,11 +106,11 @@ class Pinning:
             log.debug("session moves off pool %s (%s)", pinned, reason)
         if key:
             worker = registry.pick(model, key, prompt=prompt)
-        else:
+            if from_store:
+                await self.store.put(key, worker.pool)
+        else:  # a new cookie session: the cookie carries its pool, the store keeps nothing
             worker = registry.pick(model, prompt=prompt)
             key = self._session_id(worker, model)
-        if from_store and key:
-            await self.store.put(key, worker.pool)
         return Assignment(worker, key, True, (pinned or "") if reason else "", reason)
 
     def render_metrics(self) -> str:

@@ -106,6 +106,11 @@ async def test_a_new_cookie_session_id_maps_to_the_worker_load_chose() -> None:
         # The next turn, with the cookie, lands there.
         again = await pin.place("", placed.key, pinned=placed.pool)
         assert again.worker is placed.worker
+    # The cookie carries the pool: the store keeps nothing of new cookie sessions (each
+    # anonymous request makes one), only of keys that come without a pool.
+    assert len(pin.store) == 0  # type: ignore[arg-type]
+    named = await pin.place("", "header-key")
+    assert (len(pin.store), await pin.store.get("header-key")) == (1, named.pool)  # type: ignore[arg-type]
 
 
 def test_cookie_round_trip_tamper_and_expiry() -> None:
