@@ -2,7 +2,7 @@
 of: over `--max-header-bytes` or `--max-headers` 431, not complete within `--header-timeout`
 408 (the client's time, not a stalled loop's: `_too_slow`), the connection closed, as
 nginx's `large_client_header_buffers` and `client_header_timeout`. Each request's `Cork`
-(`edge.obs.cork`), whose bytes go out before the protocol's own writes and closes."""
+(`edge.security.cork`), whose bytes go out before the protocol's own writes and closes."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from edge.config import ServerConfig
-from edge.obs.cork import Cork
+from edge.security.cork import Cork
 
 _REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 

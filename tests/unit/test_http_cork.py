@@ -1,5 +1,5 @@
 """The edge's protocol holds each request's first turn of writes and writes it as one
-(`edge.obs.cork`): byte for byte what uvicorn writes unheld; later writes go straight out;
+(`edge.security.cork`): byte for byte what uvicorn writes unheld; later writes go straight out;
 what is held goes out before anything the protocol writes or closes itself (a malformed
 next request's 400, shutdown), and a close writes it first. Over the real
 `LimitedHttpToolsProtocol` on a transport that records calls, the request bytes fed by hand,
@@ -15,7 +15,7 @@ import pytest
 from uvicorn.server import ServerState
 
 from edge.config import ServerConfig
-from edge.obs.cork import Cork
+from edge.security.cork import Cork
 from edge.security.http_limits import LimitedConfig, LimitedHttpToolsProtocol
 
 GET = b"GET /x HTTP/1.1\r\nhost: a\r\n\r\n"

@@ -1,7 +1,7 @@
 """`Cork`: a response's first loop turn of writes (head, opening events, a short answer's
 end) written as one at the next turn: one write syscall where there were up to four (~8
-µs each on loopback here). The edge's protocol (`edge.security.http_limits`) gives each
-request one and writes what it holds before its own writes and closes."""
+µs each on loopback here). The edge's protocol (`edge.security.http_limits`), its only
+user, gives each request one and writes what it holds before its own writes and closes."""
 
 from __future__ import annotations
 
