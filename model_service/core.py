@@ -39,6 +39,20 @@ log = logging.getLogger("sluice.worker")
 # Starts larger than this are decoded and validated off the event loop: 10,000 schema
 # properties (0.4 MB) took ~12 ms there; starts of a few KB take well under 1 ms inline.
 OFF_LOOP_BYTES = 64 * 1024
+# Below this size a start is prepared without waiting on a thread (vLLM tokenizes prompts
+# over 8,192 characters in its pool, and OFF_LOOP_BYTES is larger): see `may_wait`.
+MAY_WAIT_BYTES = 8 * 1024
+
+
+def may_wait(start: pb.StartGeneration) -> bool:
+    """Whether preparing `start` may wait: on a constraint's compile (a structured output,
+    or tools a required or named choice turns into one) or on a thread (a large start).
+    A caller with other work to serve meanwhile (a session) prepares it in a task."""
+    return (
+        start.HasField("structured_output")
+        or bool(start.chat.tools)
+        or start.ByteSize() >= MAY_WAIT_BYTES
+    )
 
 
 class WorkerCore:

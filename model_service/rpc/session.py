@@ -7,9 +7,9 @@ the ids accepted since, then every followed generation's new log entries, as the
 the log holds (framed by hand as `SessionFrame` fields: nothing is parsed or serialized
 again). Each generation has its own window: at most `window` bytes sent beyond what the
 client acknowledged, so a client that stops reading one generation leaves it in its log
-(bounded by the replay cap) and never stalls the others. A start with a constraint is
-prepared in a task of its own (its compile may take seconds: `constraints/`), so the
-reader goes on with the session's other actions meanwhile.
+(bounded by the replay cap) and never stalls the others. A start whose preparation may
+wait (a constraint's compile, a large prompt's tokenizing: `core.may_wait`) is prepared
+in a task of its own, so the reader goes on with the session's other actions meanwhile.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import logging
 import grpc
 
 from generated import sluice_pb2 as pb
-from model_service.core import WorkerCore
+from model_service.core import WorkerCore, may_wait
 from model_service.errors import AlreadyExists, FailedPrecondition, InvalidArgument, SluiceError
 from model_service.generation import messages
 from model_service.generation.run import CLIENT_CANCEL, Generation
@@ -83,7 +83,7 @@ class SessionStream:
         self.ready: dict[_Follow, None] = {}  # changed since last written, in order
         self.accepted: list[str] = []  # announced, not yet written
         self.refusals: list[bytes] = []  # in-band finals of refused starts and attaches
-        self.pending: dict[str, asyncio.Task[None]] = {}  # constrained starts in preparation
+        self.pending: dict[str, asyncio.Task[None]] = {}  # starts in preparation (tasks)
         self.reader_done = False
         self._wakeup = Wakeup()
         self._wake = self._wakeup.set
@@ -258,7 +258,8 @@ class SessionStream:
 
     async def _start(self, start: pb.StartGeneration) -> None:
         refusal: SluiceError | None = None
-        if len(self.follows) >= self.core.config.limits.max_generations_per_session:
+        live = len(self.follows) + len(self.pending)
+        if live >= self.core.config.limits.max_generations_per_session:
             refusal = FailedPrecondition("too many live generations on this session")
         elif start.request_id in self.follows or start.request_id in self.pending:
             refusal = AlreadyExists(f"generation {start.request_id!r} is live on this session")
@@ -270,7 +271,7 @@ class SessionStream:
             ]
         )
         prepared = self._prepare(start, trace_headers, refusal)
-        if refusal is None and _constrained(start):
+        if refusal is None and may_wait(start):
             rid = start.request_id
             task = asyncio.get_running_loop().create_task(prepared)
             self.pending[rid] = task
@@ -319,9 +320,3 @@ class SessionStream:
             return
         self.accepted.append(rid)
         self._follow(gen, attach.from_index, announced=True)
-
-
-def _constrained(start: pb.StartGeneration) -> bool:
-    """Whether the start may wait for a constraint's compile (a structured output, or
-    tools a required or named choice turns into one)."""
-    return start.HasField("structured_output") or bool(start.chat.tools)
