@@ -111,7 +111,9 @@ class RoutingConfig:
     upstream: str = option(
         "session", "--upstream", "session or simple RPCs to workers", choices=("session", "simple")
     )
-    sessions_per_worker: int = option(2, "--sessions-per-worker", "Session RPCs per worker")
+    sessions_per_worker: int = option(
+        2, "--sessions-per-worker", "Session RPCs per worker (each filled to 256 before the next)"
+    )
     max_tries: int = option(3, "--max-tries", "attempts per request, each on another worker")
     retry_budget_s: float = option(5.0, "--retry-budget", "seconds to find a replacement")
     continue_on_failure: str = option(
