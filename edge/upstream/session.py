@@ -178,6 +178,7 @@ class Session:
         self._task: asyncio.Task[None] | None = None
         self._rpc_seq = 0
         self.closed = False
+        self.backing_off = False  # failed twice running: waiting before the next try
 
     def open(self, start: pb.StartGeneration) -> SessionCall:
         call = SessionCall(self, start)
@@ -226,7 +227,11 @@ class Session:
                     self._fail_all(
                         from_status(grpc.StatusCode.UNAVAILABLE, "the worker's session failed")
                     )
-                    await asyncio.sleep(backoff)
+                    self.backing_off = True
+                    try:
+                        await asyncio.sleep(backoff)
+                    finally:
+                        self.backing_off = False
                     backoff = min(backoff * 2, RECONNECT_BACKOFF_S[1])
         finally:
             if self._task is asyncio.current_task():
@@ -320,7 +325,8 @@ class SessionPool:
     """A worker's sessions: a few per edge process. A generation goes on the first session
     with fewer than `FILL` generations, else on the least busy: the worker sends one frame
     per session and engine step, so up to `FILL` generations share each frame (and its
-    gRPC read) rather than half of them each."""
+    gRPC read) rather than half of them each. A session waiting out its reconnect backoff
+    gets none while another does not."""
 
     FILL = 256
 
@@ -328,10 +334,11 @@ class SessionPool:
         self._sessions = [Session(worker, window_bytes) for _ in range(max(1, size))]
 
     def open(self, start: pb.StartGeneration) -> SessionCall:
-        for session in self._sessions:
+        sessions = [s for s in self._sessions if not s.backing_off] or self._sessions
+        for session in sessions:
             if len(session.calls) < self.FILL:
                 return session.open(start)
-        return min(self._sessions, key=lambda s: len(s.calls)).open(start)
+        return min(sessions, key=lambda s: len(s.calls)).open(start)
 
     async def close(self) -> None:
         await asyncio.gather(*(s.close() for s in self._sessions))

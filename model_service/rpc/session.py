@@ -84,6 +84,7 @@ class SessionStream:
         self.accepted: list[str] = []  # announced, not yet written
         self.refusals: list[bytes] = []  # in-band finals of refused starts and attaches
         self.pending: dict[str, asyncio.Task[None]] = {}  # starts in preparation (tasks)
+        self.attach_from: dict[str, int] = {}  # attaches to those, applied once prepared
         self.reader_done = False
         self._wakeup = Wakeup()
         self._wake = self._wakeup.set
@@ -244,10 +245,14 @@ class SessionStream:
                 self._unfollow(f)
             self._abandon(action.detach.request_id)
         elif which == "cancel":
-            f = self.follows.get(action.cancel.request_id)
+            rid = action.cancel.request_id
+            f = self.follows.get(rid)
             if f is not None:
                 f.gen.cancel(CLIENT_CANCEL)
-            self._abandon(action.cancel.request_id)
+            if self._abandon(rid):  # never started: it still ends, CANCELLED
+                final = messages.final_to_pb(rid, 0, FinishReason.CANCELLED, NO_USAGE, NO_USAGE)
+                self.refusals.append(final.SerializeToString())
+                self._wake()
         elif which == "attach":
             self._attach(action.attach)
         elif which == "options":
@@ -285,38 +290,55 @@ class SessionStream:
         trace_headers: dict[str, str] | None,
         refusal: SluiceError | None,
     ) -> None:
+        rid = start.request_id
         try:
             gen = await prepare_start(
                 self.core, start, None, start.trace_id or self.trace_id, trace_headers, refusal
             )
         except SluiceError as err:
-            self._refuse(start.request_id, 0, err)
-            return
-        self._follow(gen, 0, announced=False)
+            self._refuse(rid, 0, err)
+        else:
+            self._follow(gen, 0, announced=False)
+        if self.pending.get(rid) is asyncio.current_task():  # prepared in a task: settled
+            del self.pending[rid]
+            if (index := self.attach_from.pop(rid, None)) is not None:  # in the client's order
+                self._attach(pb.AttachGeneration(request_id=rid, from_index=index))
 
     def _prepared(self, request_id: str, task: asyncio.Task[None]) -> None:
         if self.pending.get(request_id) is task:
             del self.pending[request_id]
         self._wake()
 
-    def _abandon(self, request_id: str) -> None:
-        """The client left a start still in preparation: its compile is abandoned."""
+    def _abandon(self, request_id: str) -> bool:
+        """The client left a start still in preparation: its preparation is abandoned.
+        True if there was one."""
         task = self.pending.pop(request_id, None)
-        if task is not None:
-            task.cancel()
+        self.attach_from.pop(request_id, None)
+        if task is None:
+            return False
+        task.cancel()
+        return True
 
     def _attach(self, attach: pb.AttachGeneration) -> None:
         rid = attach.request_id
         if not rid:
             self._refuse(rid, attach.from_index, InvalidArgument("request_id", "set request_id"))
             return
+        if rid in self.pending:  # its start is in preparation: applied after it, in order
+            self.attach_from[rid] = attach.from_index
+            return
         old = self.follows.get(rid)
-        if old is not None:
-            self._unfollow(old)
         try:
             gen = self.core.find(rid, attach.from_index)
         except SluiceError as err:
+            if old is not None:
+                self._unfollow(old)
             self._refuse(rid, attach.from_index, err)
             return
+        if old is not None and old.gen is gen and not old.announced:
+            old.cursor = attach.from_index  # its own start, not yet accepted: nothing sent
+            return
+        if old is not None:
+            self._unfollow(old)
         self.accepted.append(rid)
         self._follow(gen, attach.from_index, announced=True)

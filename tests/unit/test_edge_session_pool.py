@@ -1,6 +1,7 @@
 """`SessionPool`: generations fill one session up to `FILL` before the next (one frame per
-session and engine step carries them all), then go to the least busy. Sessions marked
-closed here, so no RPC starts: only the choice is under test."""
+session and engine step carries them all), then go to the least busy; a session in its
+reconnect backoff gets none while another can. Sessions marked closed here, so no RPC
+starts: only the choice is under test."""
 
 from __future__ import annotations
 
@@ -30,3 +31,20 @@ async def test_one_session_fills_before_the_next_then_the_least_busy() -> None:
         pool.open(pb.StartGeneration(request_id=f"more{i}"))
     # Each filled to FILL in turn, then the least busy (the first among equals) each time.
     assert counts() == [fill + 88, fill + 87, fill + 87]  # 262 past 3 x FILL
+
+
+async def test_a_session_in_reconnect_backoff_gets_no_generation_while_another_can() -> None:
+    worker: Any = object()
+    pool = SessionPool(worker, size=2, window_bytes=1 << 20)
+    for s in pool._sessions:
+        s.closed = True  # no RPC: `send` only queues
+    first, second = pool._sessions
+    first.backing_off = True
+    for i in range(3):
+        pool.open(pb.StartGeneration(request_id=f"r{i}"))
+    assert [len(s.calls) for s in pool._sessions] == [0, 3]
+    second.backing_off = True  # both: the rule as if neither were
+    pool.open(pb.StartGeneration(request_id="both"))
+    first.backing_off = second.backing_off = False
+    pool.open(pb.StartGeneration(request_id="neither"))
+    assert [sorted(s.calls) for s in pool._sessions] == [["both", "neither"], ["r0", "r1", "r2"]]

@@ -1,7 +1,8 @@
 """The worker's `Session` handler on a real gRPC server in this process, over the sim
 engine with a tokenizer that waits at a gate for one prompt: a start whose preparation
-waits (as vLLM's tokenizing of a long prompt in its pool does) holds back none of the
-session's other actions, and counts toward the session's limit meanwhile."""
+waits (as vLLM's tokenizing of a long prompt does) holds back no other action, counts
+toward the session's limit, ends CANCELLED if cancelled, and an attach to it applies
+after it; and vLLM's size rule counts what its template reads, below `may_wait`'s."""
 
 from __future__ import annotations
 
@@ -113,3 +114,77 @@ async def test_a_start_in_preparation_counts_toward_the_session_limit() -> None:
             (m.request_id, m.final.error.code, m.final.error.message) for m in frame.entries
         ] == [("second", 9, "too many live generations on this session")]
         assert list(frame.accepted) == []
+
+
+async def test_a_start_in_preparation_cancelled_ends_cancelled_and_is_never_run() -> None:
+    async with serving() as (engine, call):
+        await call.write(
+            pb.SessionRequest(
+                actions=[pb.SessionAction(cancel=pb.CancelGeneration(request_id="slow"))]
+            )
+        )
+        async with asyncio.timeout(WAIT_S):
+            frame = await call.read()
+        assert list(frame.accepted) == []
+        assert [(m.request_id, m.index, m.final.reason) for m in frame.entries] == [
+            ("slow", 0, pb.FINISH_REASON_CANCELLED)
+        ]
+        assert engine.reached.is_set() and not engine.opened.is_set()
+    # `serving` opened the gate and read the session to its end: nothing more for "slow".
+
+
+async def test_an_attach_to_a_start_in_preparation_applies_after_it_in_order() -> None:
+    async with serving() as (engine, call):
+        attach = pb.AttachGeneration(request_id="slow", from_index=0)
+        await call.write(pb.SessionRequest(actions=[pb.SessionAction(attach=attach)]))
+        engine.opened.set()
+        seen: list[tuple[str, str, int]] = []  # (kind, request id, tokens or reason)
+        async with asyncio.timeout(WAIT_S):
+            while not seen or seen[-1][0] != "final":
+                frame = await call.read()
+                assert frame is not grpc.aio.EOF
+                seen.extend(("accepted", r, 0) for r in frame.accepted)
+                for m in frame.entries:
+                    if m.WhichOneof("kind") == "final":
+                        seen.append(("final", m.request_id, m.final.reason))
+                    elif seen[-1][0] == "chunk":  # however the tokens were split
+                        seen[-1] = ("chunk", m.request_id, seen[-1][2] + len(m.chunk.token_ids))
+                    else:
+                        seen.append(("chunk", m.request_id, len(m.chunk.token_ids)))
+        # Followed once, from index 0, as if the attach had waited for its start: no
+        # NOT_FOUND before it, no second acceptance, not cancelled.
+        assert seen == [
+            ("accepted", "slow", 0),
+            ("chunk", "slow", 3),
+            ("final", "slow", pb.FINISH_REASON_LENGTH),
+        ]
+
+
+def test_vllm_counts_every_text_its_template_reads_and_may_wait_starts_below_it() -> None:
+    """`may_wait` sends a start to a task from MAY_WAIT_BYTES; vLLM tokenizes in its
+    thread past INLINE_TOKENIZE_CHARS of `input_chars`, which counts every text the chat
+    template reads (a character is at least one byte on the wire)."""
+    from model_service.engines.vllm.engine import INLINE_TOKENIZE_CHARS, input_chars
+    from model_service.types import ChatMessage, SamplingParams, Tool, ToolCall
+
+    assert MAY_WAIT_BYTES <= INLINE_TOKENIZE_CHARS
+    big = "x" * (INLINE_TOKENIZE_CHARS + 1)
+
+    def chat(**kw: object) -> GenerationRequest:
+        msgs = kw.pop("messages", (ChatMessage("user", "hi"),))
+        return GenerationRequest("r", SamplingParams(), messages=msgs, **kw)  # type: ignore[arg-type]
+
+    call = ToolCall(id="c", name="f", arguments=big)
+    parts = {
+        "prompt": GenerationRequest("r", SamplingParams(), prompt=big),
+        "content": chat(messages=(ChatMessage("user", big),)),
+        "call arguments": chat(messages=(ChatMessage("assistant", "", tool_calls=(call,)),)),
+        "tool description": chat(tools=(Tool("f", description=big),)),
+        "tool schema": chat(tools=(Tool("f", parameters={"description": big}),)),
+        "documents": chat(documents=({"text": big},)),
+        "template variables": chat(template_kwargs={"context": big}),
+    }
+    assert {k: input_chars(r) > INLINE_TOKENIZE_CHARS for k, r in parts.items()} == dict.fromkeys(
+        parts, True
+    )
+    assert input_chars(chat()) == 2

@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from model_service.config import EngineConfig
 from model_service.engines import chat_template, reasoning
@@ -47,8 +47,9 @@ FINISH_REASONS = {
     "length": FinishReason.LENGTH,
     "abort": FinishReason.CANCELLED,
 }
-# Prompts longer than this (tool descriptions included) are tokenized off the event loop.
+# Prompts longer than this (`input_chars`) are rendered and tokenized off the event loop.
 INLINE_TOKENIZE_CHARS = 8192
+_T = TypeVar("_T")
 SAMPLING_FIELDS = frozenset(SamplingParams.__dataclass_fields__)
 
 
@@ -174,12 +175,16 @@ class VllmEngine(Engine):
     async def tokenize(self, request: GenerationRequest) -> list[int]:
         if self._tokenizer is None:
             raise Unavailable("engine is not ready yet")
-        size = len(request.prompt or "") + sum(len(t.description) for t in request.tools)
-        size += sum(len(m.content) for m in request.messages or ())
-        if size <= INLINE_TOKENIZE_CHARS:
-            return self._tokenize(request)
+        return await self._inline_if_small(self._tokenize, request)
+
+    async def _inline_if_small(
+        self, fn: Callable[[GenerationRequest], _T], request: GenerationRequest
+    ) -> _T:
+        """`fn(request)` here if the request is small, else in the tokenizer's thread."""
+        if input_chars(request) <= INLINE_TOKENIZE_CHARS:
+            return fn(request)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._tokenize_pool, self._tokenize, request)
+        return await loop.run_in_executor(self._tokenize_pool, fn, request)
 
     def _tokenize(self, request: GenerationRequest) -> list[int]:
         tok = self._tokenizer
@@ -196,7 +201,7 @@ class VllmEngine(Engine):
 
     async def prompt_text(self, request: GenerationRequest) -> str:
         if request.messages is not None:
-            return self._render(request)
+            return await self._inline_if_small(self._render, request)
         if request.prompt is not None:
             return request.prompt
         return str(self._tokenizer.decode(request.prompt_token_ids or []))
@@ -483,3 +488,18 @@ def _logprobs(positions: Any, token_ids: list[int], k: int) -> list[TokenLogprob
             )
         )
     return result
+
+
+def input_chars(request: GenerationRequest) -> int:
+    """About how many characters the chat template and the tokenizer read: every text of
+    the request; tool schemas and template variables as their repr (near their JSON)."""
+    size = len(request.prompt or "")
+    for m in request.messages or ():
+        size += len(m.content) + sum(len(c.arguments) + len(c.name) for c in m.tool_calls)
+    for t in request.tools:
+        size += len(t.description) + (len(repr(t.parameters)) if t.parameters else 0)
+    for d in request.documents:
+        size += sum(len(v) for v in d.values())
+    if request.template_kwargs:
+        size += len(repr(request.template_kwargs))
+    return size
