@@ -8,6 +8,9 @@ from typing import Any
 from model_service.errors import InvalidArgument
 from model_service.types import GenerationRequest
 
+# Requests larger than this (`input_chars`) are rendered and tokenized off the event loop.
+INLINE_CHARS = 8192
+
 
 def render(
     tokenizer: Any,
@@ -33,3 +36,18 @@ def render(
         raise InvalidArgument(
             "chat.messages", f"chat template refused the messages: {exc}"
         ) from exc
+
+
+def input_chars(request: GenerationRequest) -> int:
+    """About how many characters the chat template and the tokenizer read: every text of
+    the request; tool schemas and template variables as their repr (near their JSON)."""
+    size = len(request.prompt or "")
+    for m in request.messages or ():
+        size += len(m.content) + sum(len(c.arguments) + len(c.name) for c in m.tool_calls)
+    for t in request.tools:
+        size += len(t.description) + (len(repr(t.parameters)) if t.parameters else 0)
+    for d in request.documents:
+        size += sum(len(v) for v in d.values())
+    if request.template_kwargs:
+        size += len(repr(request.template_kwargs))
+    return size

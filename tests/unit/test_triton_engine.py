@@ -94,3 +94,30 @@ def test_triton_flags_map_to_options() -> None:
         "ca.pem",
         0.5,
     )
+
+
+async def test_a_large_prompt_is_tokenized_in_a_thread_a_small_one_here() -> None:
+    """Past `chat_template.INLINE_CHARS` the render and the tokenizer run in a thread:
+    on the loop they would hold every stream of the worker."""
+    import threading
+
+    from model_service.config import EngineConfig
+    from model_service.engines import chat_template
+    from model_service.engines.triton.engine import TritonEngine
+
+    class Recording:  # the tokenizer's seam: records where it ran
+        on_loop: list[bool] = []
+
+        def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+            self.on_loop.append(threading.current_thread() is threading.main_thread())
+            return [len(text)]
+
+    engine = TritonEngine(EngineConfig(engine="triton"))
+    engine._tokenizer = Recording()
+    small = GenerationRequest("s", SamplingParams(), prompt="hello")
+    large = GenerationRequest("l", SamplingParams(), prompt="x" * (chat_template.INLINE_CHARS + 1))
+    assert [await engine.tokenize(r) for r in (small, large)] == [
+        [5],
+        [chat_template.INLINE_CHARS + 1],
+    ]
+    assert Recording.on_loop == [True, False]

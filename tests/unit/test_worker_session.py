@@ -162,9 +162,10 @@ async def test_an_attach_to_a_start_in_preparation_applies_after_it_in_order() -
 
 def test_vllm_counts_every_text_its_template_reads_and_may_wait_starts_below_it() -> None:
     """`may_wait` sends a start to a task from MAY_WAIT_BYTES; vLLM tokenizes in its
-    thread past INLINE_TOKENIZE_CHARS of `input_chars`, which counts every text the chat
-    template reads (a character is at least one byte on the wire)."""
-    from model_service.engines.vllm.engine import INLINE_TOKENIZE_CHARS, input_chars
+    thread past INLINE_CHARS of `input_chars`, which counts every text the chat template
+    reads (a character is at least one byte on the wire)."""
+    from model_service.engines.chat_template import INLINE_CHARS as INLINE_TOKENIZE_CHARS
+    from model_service.engines.chat_template import input_chars
     from model_service.types import ChatMessage, SamplingParams, Tool, ToolCall
 
     assert MAY_WAIT_BYTES <= INLINE_TOKENIZE_CHARS

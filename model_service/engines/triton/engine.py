@@ -8,7 +8,7 @@ import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from model_service.config import EngineConfig, TritonOptions
 from model_service.engines import chat_template
@@ -31,6 +31,7 @@ from model_service.types import (
 )
 
 log = logging.getLogger("sluice.engine.triton")
+_T = TypeVar("_T")
 
 
 class TritonEngine(Engine):
@@ -127,9 +128,11 @@ class TritonEngine(Engine):
     async def tokenize(self, request: GenerationRequest) -> list[int]:
         if self._tokenizer is None:
             raise Unavailable("engine is not ready yet")
-        return list(
-            self._tokenizer.encode(self._text(request), add_special_tokens=request.messages is None)
-        )
+        return await _inline_if_small(self._encode, request)
+
+    def _encode(self, request: GenerationRequest) -> list[int]:
+        text = self._text(request)
+        return list(self._tokenizer.encode(text, add_special_tokens=request.messages is None))
 
     def _text(self, request: GenerationRequest) -> str:
         """The text Triton gets: the prompt, or the messages through the chat template."""
@@ -153,9 +156,10 @@ class TritonEngine(Engine):
         ids = request.prompt_token_ids
         if ids is None:
             ids = await self.tokenize(request)
+        text = await _inline_if_small(self._text, request)
         # Resolved by the core; a caller that skips it gets the cap or the rest of the context.
         fallback = self.config.default_max_tokens or max(1, self.config.max_model_len - len(ids))
-        inputs = request_inputs(self._text(request), request.sampling, fallback, self._flags)
+        inputs = request_inputs(text, request.sampling, fallback, self._flags)
 
         async def one_request() -> AsyncIterator[dict[str, Any]]:
             yield {
@@ -253,3 +257,11 @@ def _load_tokenizer(model_dir: str) -> Any:
         return AutoTokenizer.from_pretrained(model_dir)
     except Exception as exc:
         raise RuntimeError(f"--model {model_dir!r}: no tokenizer could be loaded: {exc}") from exc
+
+
+async def _inline_if_small(fn: Callable[[GenerationRequest], _T], request: GenerationRequest) -> _T:
+    """`fn(request)` here if the request is small, else in a thread (its render and
+    tokenizing would hold every stream of the worker)."""
+    if chat_template.input_chars(request) <= chat_template.INLINE_CHARS:
+        return fn(request)
+    return await asyncio.to_thread(fn, request)

@@ -47,8 +47,6 @@ FINISH_REASONS = {
     "length": FinishReason.LENGTH,
     "abort": FinishReason.CANCELLED,
 }
-# Prompts longer than this (`input_chars`) are rendered and tokenized off the event loop.
-INLINE_TOKENIZE_CHARS = 8192
 _T = TypeVar("_T")
 SAMPLING_FIELDS = frozenset(SamplingParams.__dataclass_fields__)
 
@@ -181,7 +179,7 @@ class VllmEngine(Engine):
         self, fn: Callable[[GenerationRequest], _T], request: GenerationRequest
     ) -> _T:
         """`fn(request)` here if the request is small, else in the tokenizer's thread."""
-        if input_chars(request) <= INLINE_TOKENIZE_CHARS:
+        if chat_template.input_chars(request) <= chat_template.INLINE_CHARS:
             return fn(request)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._tokenize_pool, fn, request)
@@ -488,18 +486,3 @@ def _logprobs(positions: Any, token_ids: list[int], k: int) -> list[TokenLogprob
             )
         )
     return result
-
-
-def input_chars(request: GenerationRequest) -> int:
-    """About how many characters the chat template and the tokenizer read: every text of
-    the request; tool schemas and template variables as their repr (near their JSON)."""
-    size = len(request.prompt or "")
-    for m in request.messages or ():
-        size += len(m.content) + sum(len(c.arguments) + len(c.name) for c in m.tool_calls)
-    for t in request.tools:
-        size += len(t.description) + (len(repr(t.parameters)) if t.parameters else 0)
-    for d in request.documents:
-        size += sum(len(v) for v in d.values())
-    if request.template_kwargs:
-        size += len(repr(request.template_kwargs))
-    return size
