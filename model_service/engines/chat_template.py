@@ -3,6 +3,7 @@ that serves a chat (vLLM, Triton): the worker owns the template."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from model_service.errors import InvalidArgument
@@ -40,14 +41,20 @@ def render(
 
 def input_chars(request: GenerationRequest) -> int:
     """About how many characters the chat template and the tokenizer read: every text of
-    the request; tool schemas and template variables as their repr (near their JSON)."""
+    the request, tool schemas and template variables as compact JSON. Never more than the
+    start's bytes on the wire (a character is at least a byte; the contract carries those
+    as JSON text), so a start under `core.MAY_WAIT_BYTES` never waits on a thread."""
     size = len(request.prompt or "")
     for m in request.messages or ():
         size += len(m.content) + sum(len(c.arguments) + len(c.name) for c in m.tool_calls)
     for t in request.tools:
-        size += len(t.description) + (len(repr(t.parameters)) if t.parameters else 0)
+        size += len(t.description) + (_json_chars(t.parameters) if t.parameters else 0)
     for d in request.documents:
-        size += sum(len(v) for v in d.values())
+        size += sum(len(k) + len(v) for k, v in d.items())
     if request.template_kwargs:
-        size += len(repr(request.template_kwargs))
+        size += _json_chars(request.template_kwargs)
     return size
+
+
+def _json_chars(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str))

@@ -189,3 +189,26 @@ def test_vllm_counts_every_text_its_template_reads_and_may_wait_starts_below_it(
         parts, True
     )
     assert input_chars(chat()) == 2
+
+
+def test_input_chars_never_exceeds_the_starts_bytes_on_the_wire() -> None:
+    """So a start under MAY_WAIT_BYTES (prepared on the session's reader) is never one the
+    engine tokenizes in its thread: compact JSON for schemas and template variables (their
+    repr is ~1.5x), every other text as sent."""
+    from model_service.engines.chat_template import input_chars
+    from model_service.intake.decode import request_from_pb
+
+    chat = pb.ChatInput(
+        messages=[
+            pb.ChatMessage(role="user", content="héllo, wörld " * 50),
+            pb.ChatMessage(
+                role="assistant",
+                tool_calls=[pb.ToolCall(id="c", name="f", arguments='{"a": [1, 2, 3]}')],
+            ),
+        ],
+        tools=[pb.Tool(name="f", description="d" * 300, parameters_json='{"type":"object"}')],
+        template_kwargs_json='{"x":[' + ",".join(["0"] * 2800) + '],"y":"ünïcode"}',
+        documents=[pb.Document(fields={"title": "t", "text": "z" * 500})],
+    )
+    start = pb.StartGeneration(request_id="r", chat=chat)
+    assert 0 < input_chars(request_from_pb(start)) <= start.ByteSize() < MAY_WAIT_BYTES

@@ -8,6 +8,7 @@ import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from model_service.config import EngineConfig, TritonOptions
@@ -47,6 +48,9 @@ class TritonEngine(Engine):
         self._info: ModelInfo | None = None
         self._flags: tuple[str, ...] = ()
         self._calls: dict[str, Any] = {}  # engine request id -> its ModelStreamInfer call
+        # Large requests' renders and tokenizing, one at a time (as vLLM's engine): the
+        # GIL-bound template would otherwise compete with the loop in many threads.
+        self._tokenize_pool = ThreadPoolExecutor(1, thread_name_prefix="sluice-tokenize")
 
     async def start(self) -> None:
         if self.config.reasoning_parser:  # vLLM's parsers read token ids; Triton sends text
@@ -115,6 +119,7 @@ class TritonEngine(Engine):
     async def stop(self) -> None:
         for call in list(self._calls.values()):
             call.cancel()
+        self._tokenize_pool.shutdown(wait=False, cancel_futures=True)
         if self._client is not None:
             await self._client.close()
             self._client = None
@@ -128,7 +133,17 @@ class TritonEngine(Engine):
     async def tokenize(self, request: GenerationRequest) -> list[int]:
         if self._tokenizer is None:
             raise Unavailable("engine is not ready yet")
-        return await _inline_if_small(self._encode, request)
+        return await self._inline_if_small(self._encode, request)
+
+    async def _inline_if_small(
+        self, fn: Callable[[GenerationRequest], _T], request: GenerationRequest
+    ) -> _T:
+        """`fn(request)` here if the request is small, else in the tokenizer's thread (on
+        the loop its render and tokenizing would hold every stream of the worker)."""
+        if chat_template.input_chars(request) <= chat_template.INLINE_CHARS:
+            return fn(request)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._tokenize_pool, fn, request)
 
     def _encode(self, request: GenerationRequest) -> list[int]:
         text = self._text(request)
@@ -156,7 +171,10 @@ class TritonEngine(Engine):
         ids = request.prompt_token_ids
         if ids is None:
             ids = await self.tokenize(request)
-        text = await _inline_if_small(self._text, request)
+        if request.messages is None:
+            text = request.prompt or ""
+        else:
+            text = await self._inline_if_small(self._text, request)
         # Resolved by the core; a caller that skips it gets the cap or the rest of the context.
         fallback = self.config.default_max_tokens or max(1, self.config.max_model_len - len(ids))
         inputs = request_inputs(text, request.sampling, fallback, self._flags)
@@ -257,11 +275,3 @@ def _load_tokenizer(model_dir: str) -> Any:
         return AutoTokenizer.from_pretrained(model_dir)
     except Exception as exc:
         raise RuntimeError(f"--model {model_dir!r}: no tokenizer could be loaded: {exc}") from exc
-
-
-async def _inline_if_small(fn: Callable[[GenerationRequest], _T], request: GenerationRequest) -> _T:
-    """`fn(request)` here if the request is small, else in a thread (its render and
-    tokenizing would hold every stream of the worker)."""
-    if chat_template.input_chars(request) <= chat_template.INLINE_CHARS:
-        return fn(request)
-    return await asyncio.to_thread(fn, request)
