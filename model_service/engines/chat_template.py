@@ -3,14 +3,18 @@ that serves a chat (vLLM, Triton): the worker owns the template."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-from typing import Any
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Any, TypeVar
 
 from model_service.errors import InvalidArgument
 from model_service.types import GenerationRequest
 
 # Requests larger than this (`input_chars`) are rendered and tokenized off the event loop.
 INLINE_CHARS = 8192
+_T = TypeVar("_T")
 
 
 def render(
@@ -54,6 +58,16 @@ def input_chars(request: GenerationRequest) -> int:
     if request.template_kwargs:
         size += _json_chars(request.template_kwargs)
     return size
+
+
+async def inline_if_small(
+    pool: Executor, fn: Callable[[GenerationRequest], _T], request: GenerationRequest
+) -> _T:
+    """`fn(request)` (a render, a tokenizing) here if the request is small, else in `pool`
+    (the engine's tokenizer thread): on the loop it would hold every stream of the worker."""
+    if input_chars(request) <= INLINE_CHARS:
+        return fn(request)
+    return await asyncio.get_running_loop().run_in_executor(pool, fn, request)
 
 
 def _json_chars(value: Any) -> int:

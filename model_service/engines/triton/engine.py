@@ -9,7 +9,7 @@ import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 
 from model_service.config import EngineConfig, TritonOptions
 from model_service.engines import chat_template
@@ -32,7 +32,6 @@ from model_service.types import (
 )
 
 log = logging.getLogger("sluice.engine.triton")
-_T = TypeVar("_T")
 
 
 class TritonEngine(Engine):
@@ -133,17 +132,7 @@ class TritonEngine(Engine):
     async def tokenize(self, request: GenerationRequest) -> list[int]:
         if self._tokenizer is None:
             raise Unavailable("engine is not ready yet")
-        return await self._inline_if_small(self._encode, request)
-
-    async def _inline_if_small(
-        self, fn: Callable[[GenerationRequest], _T], request: GenerationRequest
-    ) -> _T:
-        """`fn(request)` here if the request is small, else in the tokenizer's thread (on
-        the loop its render and tokenizing would hold every stream of the worker)."""
-        if chat_template.input_chars(request) <= chat_template.INLINE_CHARS:
-            return fn(request)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._tokenize_pool, fn, request)
+        return await chat_template.inline_if_small(self._tokenize_pool, self._encode, request)
 
     def _encode(self, request: GenerationRequest) -> list[int]:
         text = self._text(request)
@@ -174,7 +163,7 @@ class TritonEngine(Engine):
         if request.messages is None:
             text = request.prompt or ""
         else:
-            text = await self._inline_if_small(self._text, request)
+            text = await chat_template.inline_if_small(self._tokenize_pool, self._text, request)
         # Resolved by the core; a caller that skips it gets the cap or the rest of the context.
         fallback = self.config.default_max_tokens or max(1, self.config.max_model_len - len(ids))
         inputs = request_inputs(text, request.sampling, fallback, self._flags)

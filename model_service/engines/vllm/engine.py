@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from model_service.config import EngineConfig
 from model_service.engines import chat_template, reasoning
@@ -47,7 +47,6 @@ FINISH_REASONS = {
     "length": FinishReason.LENGTH,
     "abort": FinishReason.CANCELLED,
 }
-_T = TypeVar("_T")
 SAMPLING_FIELDS = frozenset(SamplingParams.__dataclass_fields__)
 
 
@@ -173,16 +172,7 @@ class VllmEngine(Engine):
     async def tokenize(self, request: GenerationRequest) -> list[int]:
         if self._tokenizer is None:
             raise Unavailable("engine is not ready yet")
-        return await self._inline_if_small(self._tokenize, request)
-
-    async def _inline_if_small(
-        self, fn: Callable[[GenerationRequest], _T], request: GenerationRequest
-    ) -> _T:
-        """`fn(request)` here if the request is small, else in the tokenizer's thread."""
-        if chat_template.input_chars(request) <= chat_template.INLINE_CHARS:
-            return fn(request)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._tokenize_pool, fn, request)
+        return await chat_template.inline_if_small(self._tokenize_pool, self._tokenize, request)
 
     def _tokenize(self, request: GenerationRequest) -> list[int]:
         tok = self._tokenizer
@@ -199,7 +189,7 @@ class VllmEngine(Engine):
 
     async def prompt_text(self, request: GenerationRequest) -> str:
         if request.messages is not None:
-            return await self._inline_if_small(self._render, request)
+            return await chat_template.inline_if_small(self._tokenize_pool, self._render, request)
         if request.prompt is not None:
             return request.prompt
         return str(self._tokenizer.decode(request.prompt_token_ids or []))
