@@ -16,6 +16,7 @@ from typing import Any
 from generated import sluice_pb2 as pb
 from model_service.config import WorkerConfig
 from model_service.constraints.gate import ConstraintGate, open_gate
+from model_service.engines import chat_template
 from model_service.engines.base import CallParser, Engine
 from model_service.errors import InvalidArgument, NotFound, OutOfRange, SluiceError, Unavailable
 from model_service.generation.run import Generation
@@ -39,9 +40,10 @@ log = logging.getLogger("sluice.worker")
 # Starts larger than this are decoded and validated off the event loop: 10,000 schema
 # properties (0.4 MB) took ~12 ms there; starts of a few KB take well under 1 ms inline.
 OFF_LOOP_BYTES = 64 * 1024
-# Below this size a start is prepared without waiting on a thread (vLLM tokenizes prompts
-# over 8,192 characters in its pool, and OFF_LOOP_BYTES is larger): see `may_wait`.
-MAY_WAIT_BYTES = 8 * 1024
+# Below this size a start is prepared without waiting on a thread: the engines render and
+# tokenize past INLINE_CHARS characters in their pool (a character is at least a byte on
+# the wire), and OFF_LOOP_BYTES is larger. See `may_wait`.
+MAY_WAIT_BYTES = chat_template.INLINE_CHARS
 
 
 def may_wait(start: pb.StartGeneration) -> bool:
